@@ -178,6 +178,8 @@ def _prepare_groups(scores, group_ids, seq_mask, num_groups):
         seq_mask = jnp.ones_like(scores)
     chex.assert_equal_shape([scores, seq_mask])
     seq_mask = jnp.asarray(seq_mask, jnp.float32)
+    # Padding rows may hold anything (NaN included): zero them before any arithmetic.
+    scores = jnp.where(seq_mask > 0, scores, 0.0)
     if num_groups is None:
         num_groups = scores.shape[0]
     return scores, seq_mask, num_groups
@@ -239,7 +241,7 @@ def group_relative_advantages(
     advantages = scores - means
     if normalize_by_std:
         advantages = advantages / (jnp.where(singleton, 1.0, stds) + eps)
-    return advantages * seq_mask
+    return jnp.where(seq_mask > 0, advantages, 0.0)
 
 
 def dr_grpo_advantages(
@@ -273,7 +275,7 @@ def rloo_advantages(
     counts, means, _ = group_statistics(scores, group_ids, seq_mask, num_groups)
     scale = counts / jnp.maximum(counts - 1.0, 1.0)
     advantages = jnp.where(counts > 1, scale * (scores - means), scores)
-    return advantages * seq_mask
+    return jnp.where(seq_mask > 0, advantages, 0.0)
 
 
 def reinforce_plus_plus_baseline_advantages(

@@ -61,7 +61,8 @@ def kl_k3(
     clamped to [-20, 20] before `exp` and the result to [-10, 10].
     """
     log_r = jnp.clip(-_log_ratio(logprobs, ref_logprobs), -log_ratio_clamp, log_ratio_clamp)
-    return jnp.clip(jnp.exp(log_r) - log_r - 1.0, -value_clamp, value_clamp)
+    # expm1(x) - x is exp(x) - 1 - x without float32 cancellation near 0 (stays >= 0).
+    return jnp.clip(jnp.expm1(log_r) - log_r, -value_clamp, value_clamp)
 
 
 _ESTIMATORS = {"k1": kl_k1, "abs": kl_abs, "k2": kl_k2, "k3": kl_k3}

@@ -34,7 +34,7 @@ def clipped_value_loss(
 ) -> Tuple[chex.Array, Dict[str, chex.Array]]:
     """PPO's clipped value loss.
 
-      V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
+      V_clip = clip(V, V_old - eps_v, V_old + eps_v)
       l_t    = max(f(R_t - V_t), f(R_t - V_clip_t)),   f = e^2 / 2  or  Huber_delta(e)
 
     Sources: Schulman et al. 2017 / OpenAI baselines (clipped value loss); the
@@ -74,7 +74,8 @@ def clipped_value_loss(
         loss_mat = unclipped
         clip_fraction = jnp.zeros((), jnp.float32)
     else:
-        clipped_values = old_values + jnp.clip(values - old_values, -clip_range, clip_range)
+        # Clipping V itself (not V - V_old) keeps V_clip == V bit for bit inside the range.
+        clipped_values = jnp.clip(values, old_values - clip_range, old_values + clip_range)
         clipped = error_loss(returns - clipped_values)
         loss_mat = jnp.maximum(unclipped, clipped)
         clip_fraction = masked_mean((clipped > unclipped).astype(jnp.float32), mask)

@@ -408,7 +408,9 @@ def clipped_value(
                 loss_mat[b, t] = unclipped
                 dloss_dv[b, t] = -fprime(err)
                 continue
-            v_clip = old_values[b, t] + _clip(values[b, t] - old_values[b, t], -clip_range, clip_range)
+            # V_old + clip(V - V_old, -eps, eps), written as a clip of V itself so that
+            # V_clip == V exactly when the clip is inactive.
+            v_clip = _clip(values[b, t], old_values[b, t] - clip_range, old_values[b, t] + clip_range)
             clipped = f(returns[b, t] - v_clip)
             loss_mat[b, t] = max(unclipped, clipped)
             clipped_larger[b, t] = float(clipped > unclipped)
