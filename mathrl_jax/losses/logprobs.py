@@ -23,7 +23,7 @@ Results are float32 whatever the logits' dtype.
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+from typing import Optional, Tuple
 
 import chex
 import jax
@@ -44,12 +44,19 @@ def _chunk_start(index, num_rows: int, chunk: int):
 
 
 def _row_stats(scaled_logits: chex.Array, tokens: chex.Array):
-    """(log p of the token, entropy, logsumexp) of each row of float32 `[C, V]` logits."""
-    lse = jax.nn.logsumexp(scaled_logits, axis=-1)
-    taken = jnp.take_along_axis(scaled_logits, tokens[:, None], axis=-1)[:, 0]
-    probs = jnp.exp(scaled_logits - lse[:, None])
-    entropy = lse - jnp.sum(probs * scaled_logits, axis=-1)
-    return taken - lse, entropy, lse
+    """(log p of the token, entropy, logsumexp) of each row of float32 `[C, V]` logits.
+
+    One `exp` per element: with e = exp(z - max z) and s = sum e,
+    logsumexp = max z + log s and H = log s - sum(e (z - max z)) / s.
+    """
+    row_max = jax.lax.stop_gradient(jnp.max(scaled_logits, axis=-1, keepdims=True))
+    shifted = scaled_logits - row_max
+    exps = jnp.exp(shifted)
+    total = jnp.sum(exps, axis=-1)
+    log_total = jnp.log(total)
+    taken = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0]
+    entropy = log_total - jnp.sum(exps * shifted, axis=-1) / total
+    return taken - log_total, entropy, row_max[:, 0] + log_total
 
 
 def _row_grad(scaled_logits, tokens, lse, entropy, g_logp, g_entropy, inv_temperature):
@@ -117,6 +124,16 @@ def _chunked_logits_bwd(temperature, chunk_size, residuals, cotangents):
 _chunked_logits_stats.defvjp(_chunked_logits_fwd, _chunked_logits_bwd)
 
 
+def default_chunk_rows() -> int:
+    """Rows per chunk when none is given: the fastest on each kind of backend.
+
+    A CPU is fastest when a chunk stays in cache (8 rows of a 151,936-word
+    vocabulary are 4.9 MB of float32); an accelerator needs large chunks to be
+    busy, and 512 rows still keep the extra memory a small fraction of the logits.
+    """
+    return 8 if jax.default_backend() == "cpu" else 512
+
+
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
@@ -127,7 +144,7 @@ def token_logprobs_from_logits(
     tokens: chex.Array,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 128,
+    chunk_size: Optional[int] = None,
 ) -> Tuple[chex.Array, chex.Array]:
     """Log-prob and entropy at every position, from `[B, T, V]` logits.
 
@@ -136,7 +153,7 @@ def token_logprobs_from_logits(
       tokens: `[B, T]` int, the token scored at each position.
       temperature: the logits are divided by it (match the sampler's).
       chunk_size: rows (positions) processed at once; extra memory is a few
-        `[chunk_size, V]` float32 buffers.
+        `[chunk_size, V]` float32 buffers. Default: `default_chunk_rows()`.
 
     Returns:
       (logprobs, entropy), each `[B, T]` float32. Differentiable w.r.t. `logits`.
@@ -146,6 +163,8 @@ def token_logprobs_from_logits(
     chex.assert_equal_shape_prefix([logits, tokens], 2)
     _check_temperature(temperature)
     batch, length, vocab = logits.shape
+    if chunk_size is None:
+        chunk_size = default_chunk_rows()
     flat_tokens = jnp.clip(tokens.reshape(-1).astype(jnp.int32), 0, vocab - 1)
     logp, entropy = _chunked_logits_stats(
         logits.reshape(batch * length, vocab), flat_tokens, float(temperature), int(chunk_size)
