@@ -1,0 +1,380 @@
+"""Hugging Face checkpoint interop: one name table, load, export.
+
+`parameter_table(config)` maps every Hugging Face tensor name to its NNX path
+and says whether the tensor is transposed (HF `nn.Linear.weight` is
+`[out, in]`; an NNX `Linear.kernel` is `[in, out]`). Loading, export and the
+vLLM weight sync all go through it.
+
+Loading reads `*.safetensors` files through a memory map, one tensor at a
+time, and places each directly on its device (or, given a sharding, each
+device's slice of it), so the model is never held twice in host memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from typing import Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
+
+Path = Tuple[str, ...]
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_DTYPE_NAMES = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+
+# Tensors some checkpoints carry that the model derives itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that does not match the model; names the tensor or file."""
+
+
+class TensorSpec(NamedTuple):
+    path: Path  # NNX state path
+    transpose: bool  # HF layout is the transpose of ours
+    shape: Tuple[int, ...]  # HF shape
+
+
+def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
+    """Every HF tensor name of `config`'s architecture -> (NNX path, transpose, HF shape)."""
+    c = config
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    table = {"model.embed_tokens.weight": TensorSpec(("model", "embed_tokens", "embedding"), False, (c.vocab_size, c.hidden_size))}
+
+    def linear(hf: str, path: Path, n_out: int, n_in: int, bias: bool):
+        table[f"{hf}.weight"] = TensorSpec(path + ("kernel",), True, (n_out, n_in))
+        if bias:
+            table[f"{hf}.bias"] = TensorSpec(path + ("bias",), False, (n_out,))
+
+    def norm(hf: str, path: Path, dim: int):
+        table[f"{hf}.weight"] = TensorSpec(path + ("weight",), False, (dim,))
+
+    for i in range(c.num_hidden_layers):
+        hf, path = f"model.layers.{i}", ("model", "layers", i)
+        attn, attn_path = f"{hf}.self_attn", path + ("self_attn",)
+        linear(f"{attn}.q_proj", attn_path + ("q_proj",), q_out, c.hidden_size, c.attention_bias)
+        linear(f"{attn}.k_proj", attn_path + ("k_proj",), kv_out, c.hidden_size, c.attention_bias)
+        linear(f"{attn}.v_proj", attn_path + ("v_proj",), kv_out, c.hidden_size, c.attention_bias)
+        linear(f"{attn}.o_proj", attn_path + ("o_proj",), c.hidden_size, q_out, False)
+        if c.qk_norm:
+            norm(f"{attn}.q_norm", attn_path + ("q_norm",), c.head_dim)
+            norm(f"{attn}.k_norm", attn_path + ("k_norm",), c.head_dim)
+        mlp, mlp_path = f"{hf}.mlp", path + ("mlp",)
+        linear(f"{mlp}.gate_proj", mlp_path + ("gate_proj",), c.intermediate_size, c.hidden_size, False)
+        linear(f"{mlp}.up_proj", mlp_path + ("up_proj",), c.intermediate_size, c.hidden_size, False)
+        linear(f"{mlp}.down_proj", mlp_path + ("down_proj",), c.hidden_size, c.intermediate_size, False)
+        norm(f"{hf}.input_layernorm", path + ("input_layernorm",), c.hidden_size)
+        norm(f"{hf}.post_attention_layernorm", path + ("post_attention_layernorm",), c.hidden_size)
+    norm("model.norm", ("model", "norm"), c.hidden_size)
+    if not c.tie_word_embeddings:
+        linear("lm_head", ("lm_head",), c.vocab_size, c.hidden_size, False)
+    return table
+
+
+# ---------------------------------------------------------------------------
+# safetensors, read through a memory map
+# ---------------------------------------------------------------------------
+
+
+class SafetensorsFile:
+    """Lazy reader of one `.safetensors` file: tensors are read-only views of a memory map."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                (header_size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_size))
+        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from None
+        self.metadata = header.pop("__metadata__", {})
+        self.entries = header
+        self._data_start = 8 + header_size
+        self._map = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) > self._data_start else None
+
+    def keys(self):
+        return self.entries.keys()
+
+    def get(self, name: str) -> np.ndarray:
+        entry = self.entries[name]
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"tensor {name!r} in {self.path} has unsupported dtype {entry['dtype']!r}")
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or self._map is None:
+            raise CheckpointError(f"tensor {name!r} in {self.path} is truncated or its offsets are wrong")
+        start = self._data_start + begin
+        if start + (end - begin) > self._map.size:
+            raise CheckpointError(f"tensor {name!r} in {self.path} is truncated (file ends early)")
+        return self._map[start : start + (end - begin)].view(dtype).reshape(shape)
+
+
+def checkpoint_tensors(directory: str) -> Dict[str, SafetensorsFile]:
+    """Tensor name -> the file that holds it, for single or sharded (index.json) checkpoints."""
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path} has no 'weight_map'")
+        files = {}
+        located = {}
+        for name, filename in weight_map.items():
+            path = os.path.join(directory, filename)
+            if filename not in files:
+                if not os.path.isfile(path):
+                    raise CheckpointError(f"{index_path} names {filename!r} (for tensor {name!r}), which is missing")
+                files[filename] = SafetensorsFile(path)
+            if name not in files[filename].entries:
+                raise CheckpointError(f"tensor {name!r} is not in {path}, although the index says it is")
+            located[name] = files[filename]
+        return located
+    single = os.path.join(directory, "model.safetensors")
+    if not os.path.isfile(single):
+        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!r}")
+    file = SafetensorsFile(single)
+    return {name: file for name in file.keys()}
+
+
+def _set_path(tree: dict, path: Path, value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+ShardingFn = Callable[[Path, Tuple[int, ...]], jax.sharding.Sharding]
+
+
+def read_tensors(
+    directory: str,
+    table: Dict[str, TensorSpec],
+    dtype,
+    sharding_fn: Optional[ShardingFn] = None,
+    ignore: Callable[[str], bool] = lambda name: False,
+) -> dict:
+    """Reads every tensor of `table` from a HF checkpoint into a nested pure dict of arrays.
+
+    Raises CheckpointError naming any tensor that is missing, mis-shaped, or in
+    the files but neither in `table` nor ignored.
+    """
+    located = checkpoint_tensors(directory)
+    unexpected = sorted(n for n in located if n not in table and not n.endswith(_IGNORED_SUFFIXES) and not ignore(n))
+    if unexpected:
+        raise CheckpointError(
+            f"{directory}: unexpected tensors (not in this architecture's table): {', '.join(unexpected[:10])}"
+            + (f" (and {len(unexpected) - 10} more)" if len(unexpected) > 10 else "")
+        )
+    missing = sorted(n for n in table if n not in located)
+    if missing:
+        raise CheckpointError(
+            f"{directory}: missing tensors {', '.join(missing[:10])}"
+            + (f" (and {len(missing) - 10} more)" if len(missing) > 10 else "")
+        )
+    dtype = np.dtype(dtype)
+    pure: dict = {}
+    for name, spec in table.items():
+        array = located[name].get(name)
+        if tuple(array.shape) != spec.shape:
+            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(array.shape)}, expected {spec.shape}")
+        if spec.transpose:
+            array = array.T
+        sharding = None if sharding_fn is None else sharding_fn(spec.path, array.shape)
+        _set_path(pure, spec.path, _to_device(array, dtype, sharding))
+    return pure
+
+
+def load_state(
+    directory: str,
+    config: QwenConfig,
+    sharding_fn: Optional[ShardingFn] = None,
+) -> nnx.State:
+    """Reads a HF checkpoint into an NNX state of `QwenForCausalLM(config)`.
+
+    Args:
+      directory: a local HF checkpoint directory.
+      config: the architecture (usually `QwenConfig.from_pretrained(directory)`);
+        its `param_dtype` is the dtype of the loaded parameters.
+      sharding_fn: optional `(nnx_path, shape) -> Sharding`. Each device then
+        reads only its own slice of each tensor from the memory map.
+
+    Raises:
+      CheckpointError naming the missing, unexpected or mis-shaped tensor.
+    """
+    tied_head = lambda name: config.tie_word_embeddings and name == "lm_head.weight"
+    pure = read_tensors(directory, parameter_table(config), config.jnp_param_dtype, sharding_fn, ignore=tied_head)
+    state = nnx.state(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+def _to_device(array: np.ndarray, dtype: np.dtype, sharding: Optional[jax.sharding.Sharding]) -> jax.Array:
+    if sharding is None:
+        return jnp.asarray(np.ascontiguousarray(array, dtype=dtype))
+    return jax.make_array_from_callback(
+        array.shape, sharding, lambda index: np.ascontiguousarray(array[index], dtype=dtype)
+    )
+
+
+def load_model(directory: str, sharding_fn: Optional[ShardingFn] = None, **config_overrides) -> QwenForCausalLM:
+    """`QwenForCausalLM` with the weights of a local HF checkpoint directory.
+
+    `config_overrides` set run-time fields such as `param_dtype="bfloat16"`,
+    `dtype="bfloat16"` or `remat=True`.
+    """
+    config = QwenConfig.from_pretrained(directory, **config_overrides)
+    state = load_state(directory, config, sharding_fn)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
+    return nnx.merge(graphdef, state)
+
+
+# ---------------------------------------------------------------------------
+# export
+# ---------------------------------------------------------------------------
+
+
+def get_path(state, path: Path) -> jax.Array:
+    """The array at an NNX state path."""
+    node = state
+    for key in path:
+        node = node[key]
+    return node[...] if isinstance(node, nnx.Variable) else node
+
+
+def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple[str, jax.Array]]:
+    """(HF name, array in HF layout) for every tensor of `table`, one at a time, as JAX arrays.
+
+    The arrays stay where the state lives (device, sharding) and each transpose
+    is made only when its tensor is reached. This is the conversion the vLLM
+    weight sync uses (with `parameter_table(config)`).
+    """
+    for name, spec in table.items():
+        value = get_path(state, spec.path)
+        yield name, (value.T if spec.transpose else value)
+
+
+def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+    header, offset = {}, 0
+    for name, array in tensors.items():
+        nbytes = array.nbytes
+        header[name] = {"dtype": _DTYPE_NAMES[array.dtype], "shape": list(array.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for array in tensors.values():
+            f.write(np.ascontiguousarray(array).tobytes())
+    os.replace(tmp, path)
+
+
+def write_checkpoint(
+    tensors: Iterable[Tuple[str, jax.Array]],
+    hf_config: dict,
+    directory: str,
+    dtype,
+    tokenizer_dir: Optional[str] = None,
+    max_shard_bytes: int = 4 * 1024**3,
+) -> None:
+    """Writes (name, array) pairs as safetensors shards plus `config.json` (and tokenizer files).
+
+    Tensors are fetched to the host one at a time and a shard is written as soon
+    as it is full, so at most one shard is held in host memory.
+    """
+    os.makedirs(directory, exist_ok=True)
+    dtype = np.dtype(dtype)
+    written, current, current_bytes, total = [], {}, 0, 0
+
+    def flush():
+        path = os.path.join(directory, f"model-part-{len(written) + 1:05d}.safetensors")
+        _write_safetensors(path, current)
+        written.append((path, list(current)))
+
+    for name, value in tensors:
+        array = np.asarray(jax.device_get(value)).astype(dtype, copy=False)
+        if current and current_bytes + array.nbytes > max_shard_bytes:
+            flush()
+            current, current_bytes = {}, 0
+        current[name] = array
+        current_bytes += array.nbytes
+        total += array.nbytes
+    flush()
+    for stale in ("model.safetensors", "model.safetensors.index.json"):
+        if os.path.exists(os.path.join(directory, stale)):
+            os.remove(os.path.join(directory, stale))
+    if len(written) == 1:
+        os.replace(written[0][0], os.path.join(directory, "model.safetensors"))
+    else:
+        weight_map = {}
+        for i, (path, names) in enumerate(written):
+            filename = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+            os.replace(path, os.path.join(directory, filename))
+            weight_map.update({name: filename for name in names})
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    if tokenizer_dir is not None and os.path.abspath(tokenizer_dir) != os.path.abspath(directory):
+        for filename in TOKENIZER_FILES:
+            source = os.path.join(tokenizer_dir, filename)
+            if os.path.isfile(source):
+                shutil.copy(source, os.path.join(directory, filename))
+
+
+def export_checkpoint(
+    state: nnx.State,
+    config: QwenConfig,
+    directory: str,
+    *,
+    tokenizer_dir: Optional[str] = None,
+    max_shard_bytes: int = 4 * 1024**3,
+) -> None:
+    """Writes a `QwenForCausalLM` state as a HF checkpoint directory that transformers and vLLM load.
+
+    Tensors are saved in `config.param_dtype`, in files of at most
+    `max_shard_bytes` (with `model.safetensors.index.json` when there are
+    several). The tokenizer files of `tokenizer_dir` are copied alongside.
+    """
+    write_checkpoint(
+        hf_tensors(state, parameter_table(config)),
+        config.to_hf_dict(),
+        directory,
+        config.jnp_param_dtype,
+        tokenizer_dir,
+        max_shard_bytes,
+    )

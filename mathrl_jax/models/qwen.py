@@ -1,0 +1,450 @@
+"""Qwen2 / Qwen2.5 / Qwen3 decoder-only language models in Flax NNX.
+
+The module tree mirrors Hugging Face's (`model.embed_tokens`, `model.layers[i]
+.self_attn.q_proj`, ..., `lm_head`), so `models/hf.py` maps every parameter
+by name with one table. Differences between the families are config switches:
+
+| switch            | Qwen2 / Qwen2.5 | Qwen3 |
+|-------------------|-----------------|-------|
+| `attention_bias`  | True (q/k/v)    | False |
+| `qk_norm`         | False           | True (RMSNorm over head_dim, before RoPE) |
+| `head_dim`        | hidden / heads  | from the config |
+
+Shapes: `input_ids [B, T]`, `positions [B, T]`, `attention_mask [B, T]` (1 on
+real tokens; left or right padding), optional `segment_ids [B, T]` for packed
+sequences. Training code uses the pure `(graphdef, state)` split of
+`nnx.split`; `forward` runs a split model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+# Other heads on the same trunk (critics are saved as token classifiers).
+_TRUNK_OF = {"Qwen2ForTokenClassification": "Qwen2ForCausalLM", "Qwen3ForTokenClassification": "Qwen3ForCausalLM"}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class ConfigError(ValueError):
+    """A checkpoint config this implementation cannot represent; names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenConfig:
+    """Architecture (from a Hugging Face `config.json`) plus run-time numerics."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = True
+    qk_norm: bool = False
+    max_position_embeddings: int = 32768
+    architecture: str = "Qwen2ForCausalLM"
+    bos_token_id: Optional[int] = None
+    eos_token_id: Any = None
+    pad_token_id: Optional[int] = None
+    # Run-time numerics, not part of the checkpoint.
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"architectures={self.architecture!r} is not supported; expected one of {sorted(ARCHITECTURES)}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @classmethod
+    def from_hf_dict(cls, hf: Dict[str, Any], **overrides) -> "QwenConfig":
+        """Reads a `config.json` dict (transformers 4 or 5 layout); unsupported features raise."""
+        architectures = hf.get("architectures") or []
+        if architectures:
+            architecture = _TRUNK_OF.get(architectures[0], architectures[0])
+        else:
+            by_type = {v: k for k, v in ARCHITECTURES.items()}
+            architecture = by_type.get(hf.get("model_type"), hf.get("model_type"))
+        if architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"architectures={architectures or hf.get('model_type')!r} is not supported; "
+                f"expected one of {sorted(ARCHITECTURES)}"
+            )
+        family = ARCHITECTURES[architecture]
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"hidden_act={hf['hidden_act']!r} is not supported; expected 'silu'")
+        if hf.get("use_sliding_window", False):
+            raise ConfigError("use_sliding_window=True is not supported (Qwen2.5 checkpoints use full attention)")
+        rope = hf.get("rope_parameters") or {}
+        rope_scaling = hf.get("rope_scaling")
+        rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type")) or rope.get(
+            "rope_type", "default"
+        )
+        if rope_type != "default":
+            raise ConfigError(f"rope_scaling / rope_type={rope_type!r} is not supported; expected 'default'")
+        rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+        try:
+            heads = hf["num_attention_heads"]
+            fields = dict(
+                vocab_size=hf["vocab_size"],
+                hidden_size=hf["hidden_size"],
+                intermediate_size=hf["intermediate_size"],
+                num_hidden_layers=hf["num_hidden_layers"],
+                num_attention_heads=heads,
+                num_key_value_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            )
+        except KeyError as missing:
+            raise ConfigError(f"config.json has no field {missing.args[0]!r}") from None
+        fields.update(
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            architecture=architecture,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, **overrides) -> "QwenConfig":
+        path = os.path.join(directory, "config.json")
+        if not os.path.isfile(path):
+            raise ConfigError(f"no config.json in checkpoint directory {directory!r}")
+        with open(path) as f:
+            try:
+                hf = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_hf_dict(hf, **overrides)
+
+    def to_hf_dict(self) -> Dict[str, Any]:
+        """The `config.json` of this architecture (transformers 4 field names, read by 4 and 5)."""
+        family = ARCHITECTURES[self.architecture]
+        hf = dict(
+            architectures=[self.architecture],
+            model_type=family,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act="silu",
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=None,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+            use_sliding_window=False,
+            attention_dropout=0.0,
+            torch_dtype=self.param_dtype,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+        )
+        if family == "qwen3":
+            hf["attention_bias"] = self.attention_bias
+        return hf
+
+
+# ---------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------
+
+
+class RMSNorm(nnx.Module):
+    """y = w * (x / sqrt(mean(x^2) + eps)), normalised in float32 as transformers does."""
+
+    def __init__(self, dim: int, eps: float, param_dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rotary_embedding(x: chex.Array, positions: chex.Array, theta: float) -> chex.Array:
+    """RoPE in the "rotate half" layout of transformers: x [B, T, N, d], positions [B, T]."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :].astype(x.dtype)
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache(NamedTuple):
+    """Preallocated keys and values, one `[B, S, num_kv_heads, head_dim]` array per layer."""
+
+    keys: Tuple[chex.Array, ...]
+    values: Tuple[chex.Array, ...]
+
+
+def init_cache(config: QwenConfig, batch: int, max_length: int, dtype=None) -> KVCache:
+    """An all-zero cache for `max_length` positions (prompt + generation)."""
+    shape = (batch, max_length, config.num_key_value_heads, config.head_dim)
+    dtype = dtype or config.jnp_dtype
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
+    return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)))
+
+
+def _linear(config: QwenConfig, rngs: nnx.Rngs, n_in: int, n_out: int, bias: bool) -> nnx.Linear:
+    return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=bias,
+        dtype=config.jnp_dtype,
+        param_dtype=config.jnp_param_dtype,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE, optional q/k/v bias (Qwen2) and q/k norm (Qwen3)."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.q_proj = _linear(c, rngs, c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias)
+        self.k_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
+        self.v_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
+        self.o_proj = _linear(c, rngs, c.num_attention_heads * c.head_dim, c.hidden_size, False)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
+
+    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None):
+        c = self.config
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).reshape(batch, length, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).reshape(batch, length, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rotary_embedding(q, positions, c.rope_theta)
+        k = rotary_embedding(k, positions, c.rope_theta)
+        if layer_cache is not None:
+            cached_k, cached_v = layer_cache
+            k = jax.lax.dynamic_update_slice_in_dim(cached_k, k.astype(cached_k.dtype), cache_index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cached_v, v.astype(cached_v.dtype), cache_index, axis=1)
+            layer_cache = (k, v)
+        out = grouped_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed)
+        return self.o_proj(out.reshape(batch, length, -1)), layer_cache
+
+
+def grouped_attention(q, k, v, allowed):
+    """softmax(q k^T / sqrt(d) masked) v for q [B, T, H, d], k/v [B, S, K, d], allowed [B, T, S].
+
+    Heads are grouped (H = K * G) without repeating k and v; logits and softmax
+    are float32 whatever the compute dtype.
+    """
+    batch, length, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, length, kv_heads, heads // kv_heads, dim)
+    logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(dim).astype(
+        jnp.float32
+    )
+    logits = jnp.where(allowed[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, length, heads, dim)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        c = config
+        self.gate_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False)
+        self.up_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False)
+        self.down_proj = _linear(c, rngs, c.intermediate_size, c.hidden_size, False)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        c = config
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
+        self.self_attn = Attention(c, rngs)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
+        self.mlp = MLP(c, rngs)
+
+    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None):
+        attn_out, layer_cache = self.self_attn(self.input_layernorm(x), positions, allowed, layer_cache, cache_index)
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x)), layer_cache
+
+
+def _remat_layer(layer, x, positions, allowed, layer_cache, cache_index):
+    return layer(x, positions, allowed, layer_cache, cache_index)
+
+
+class QwenModel(nnx.Module):
+    """The trunk: embeddings, decoder layers, final norm. Returns hidden states."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.embed_tokens = nnx.Embed(
+            c.vocab_size,
+            c.hidden_size,
+            dtype=c.jnp_dtype,
+            param_dtype=c.jnp_param_dtype,
+            embedding_init=nnx.initializers.normal(0.02),
+            rngs=rngs,
+        )
+        self.layers = nnx.List([DecoderLayer(c, rngs) for _ in range(c.num_hidden_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
+
+    def __call__(self, input_ids, positions, allowed, cache: Optional[KVCache] = None, cache_index=None):
+        x = self.embed_tokens(input_ids)
+        new_keys, new_values = [], []
+        call = nnx.remat(_remat_layer) if self.config.remat else _remat_layer
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
+            x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index)
+            if layer_cache is not None:
+                new_keys.append(layer_cache[0])
+                new_values.append(layer_cache[1])
+        new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values))
+        return self.norm(x), new_cache
+
+
+def default_positions(attention_mask: chex.Array) -> chex.Array:
+    """Positions that count only real tokens, so left padding does not shift them: cumsum(mask) - 1."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def attention_allowed(
+    query_slots: chex.Array,
+    key_valid: chex.Array,
+    query_segments: Optional[chex.Array] = None,
+    key_segments: Optional[chex.Array] = None,
+) -> chex.Array:
+    """`[B, T, S]` bool: query at slot q may see key slot s iff s <= q, key s is real, same segment.
+
+    Args:
+      query_slots: `[B, T]` int, the cache/sequence slot of each query token.
+      key_valid: `[B, S]`, 1 on slots holding real tokens.
+      query_segments, key_segments: optional `[B, T]` / `[B, S]` packed-sequence ids.
+    """
+    key_slots = jnp.arange(key_valid.shape[-1])
+    allowed = (key_slots[None, None, :] <= query_slots[:, :, None]) & (key_valid[:, None, :] > 0)
+    if query_segments is not None:
+        allowed &= query_segments[:, :, None] == key_segments[:, None, :]
+    return allowed
+
+
+class QwenForCausalLM(nnx.Module):
+    """Qwen causal LM: `(logits or hidden states, updated KV cache)`."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        self.config = config
+        self.model = QwenModel(config, rngs)
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config, rngs, config.hidden_size, config.vocab_size, False)
+
+    def unembedding(self) -> Tuple[chex.Array, str]:
+        """The output projection and its layout, for `losses.token_logprobs_from_hidden`."""
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.embedding[...], "vd"
+        return self.lm_head.kernel[...], "dv"
+
+    def logits_from_hidden(self, hidden):
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.attend(hidden)
+        return self.lm_head(hidden)
+
+    def __call__(
+        self,
+        input_ids: chex.Array,
+        *,
+        attention_mask: Optional[chex.Array] = None,
+        positions: Optional[chex.Array] = None,
+        segment_ids: Optional[chex.Array] = None,
+        cache: Optional[KVCache] = None,
+        cache_index: Optional[chex.Array] = None,
+        return_hidden: bool = False,
+    ) -> Tuple[chex.Array, Optional[KVCache]]:
+        """Runs the model on `input_ids [B, T]`.
+
+        Without a cache: a full causal forward pass; `attention_mask [B, T]`
+        (default all ones) marks real tokens, `positions` default to
+        `default_positions(attention_mask)`, `segment_ids` restrict attention to
+        the same packed sequence (pass per-segment positions with them).
+
+        With a cache (`init_cache`): the tokens are written at slots
+        `cache_index, ..., cache_index + T - 1` (a scalar shared by the batch)
+        and `attention_mask` is `[B, S]`, 1 on every cache slot holding a real
+        token up to and including the new ones; `positions` are required.
+
+        Returns:
+          (`[B, T, V]` logits, or `[B, T, D]` final hidden states with
+          `return_hidden`; the updated cache or None).
+        """
+        chex.assert_rank(input_ids, 2)
+        batch, length = input_ids.shape
+        if cache is None:
+            if attention_mask is None:
+                attention_mask = jnp.ones((batch, length), jnp.int32)
+            if positions is None:
+                positions = default_positions(attention_mask)
+            slots = jnp.broadcast_to(jnp.arange(length), (batch, length))
+            allowed = attention_allowed(slots, attention_mask, segment_ids, segment_ids)
+        else:
+            if positions is None or attention_mask is None or cache_index is None:
+                raise ValueError("decoding with a cache needs positions, attention_mask [B, S] and cache_index")
+            slots = cache_index + jnp.broadcast_to(jnp.arange(length), (batch, length))
+            allowed = attention_allowed(slots, attention_mask)
+        hidden, cache = self.model(input_ids, positions, allowed, cache, cache_index)
+        if return_hidden:
+            return hidden, cache
+        return self.logits_from_hidden(hidden), cache
+
+
+def forward(graphdef: nnx.GraphDef, state: nnx.State, input_ids: chex.Array, **kwargs):
+    """Runs a split model (`graphdef, state = nnx.split(model)`): the pure form training code jits."""
+    return nnx.merge(graphdef, state)(input_ids, **kwargs)

@@ -1,0 +1,152 @@
+"""Critics and process reward models built on the Qwen trunk.
+
+A critic is the Qwen trunk plus a scalar head on every position's final
+hidden state. In Hugging Face terms it is `Qwen2ForTokenClassification` /
+`Qwen3ForTokenClassification` with one label (head `score`), so it exports
+and reloads through the same table as the causal LM. A PRM is an ordinary
+causal LM; `prm_step_scores` reads its verdict at the step tags.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mathrl_jax.models import hf
+from mathrl_jax.models.qwen import (
+    QwenConfig,
+    QwenForCausalLM,
+    QwenModel,
+    attention_allowed,
+    default_positions,
+)
+
+
+class QwenCritic(nnx.Module):
+    """Per-token values V_t = w . h_t + b from the Qwen trunk's final hidden states."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        self.config = config
+        self.model = QwenModel(config, rngs)
+        # Zero-initialised head: a new critic predicts 0 everywhere, which keeps
+        # the first advantages equal to the rewards.
+        self.score = nnx.Linear(
+            config.hidden_size,
+            1,
+            use_bias=True,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            kernel_init=nnx.initializers.zeros,
+            rngs=rngs,
+        )
+
+    def __call__(
+        self,
+        input_ids: chex.Array,
+        *,
+        attention_mask: Optional[chex.Array] = None,
+        positions: Optional[chex.Array] = None,
+        segment_ids: Optional[chex.Array] = None,
+    ) -> chex.Array:
+        """`[B, T]` float32 values, one per position (value of the prefix up to and including it)."""
+        batch, length = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((batch, length), jnp.int32)
+        if positions is None:
+            positions = default_positions(attention_mask)
+        slots = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        allowed = attention_allowed(slots, attention_mask, segment_ids, segment_ids)
+        hidden, _ = self.model(input_ids, positions, allowed)
+        return self.score(hidden.astype(jnp.float32))[..., 0]
+
+
+def critic_table(config: QwenConfig):
+    """HF names of a critic: the causal LM's trunk tensors plus `score.weight` / `score.bias`."""
+    table = {name: spec for name, spec in hf.parameter_table(config).items() if name.startswith("model.")}
+    table["score.weight"] = hf.TensorSpec(("score", "kernel"), True, (1, config.hidden_size))
+    table["score.bias"] = hf.TensorSpec(("score", "bias"), False, (1,))
+    return table
+
+
+def load_critic(directory: str, sharding_fn: Optional[hf.ShardingFn] = None, seed: int = 0, **config_overrides) -> QwenCritic:
+    """A critic from a local HF checkpoint.
+
+    From a causal LM checkpoint (the usual case: the critic starts from the
+    policy's weights) the trunk is loaded and the value head is new; from a
+    token-classification checkpoint written by `export_critic` the head is
+    loaded too.
+    """
+    config = QwenConfig.from_pretrained(directory, **config_overrides)
+    table = critic_table(config)
+    has_head = "score.weight" in hf.checkpoint_tensors(directory)
+    if not has_head:
+        table = {n: s for n, s in table.items() if not n.startswith("score.")}
+    pure = hf.read_tensors(
+        directory, table, config.jnp_param_dtype, sharding_fn, ignore=lambda name: name == "lm_head.weight"
+    )
+    abstract = nnx.eval_shape(lambda: QwenCritic(config, rngs=nnx.Rngs(seed)))
+    graphdef, state = nnx.split(abstract)
+    if not has_head:
+        fresh_head = nnx.Linear(config.hidden_size, 1, use_bias=True, kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(seed))
+        pure["score"] = {"kernel": fresh_head.kernel[...], "bias": fresh_head.bias[...]}
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+
+def export_critic(critic: QwenCritic, directory: str, tokenizer_dir: Optional[str] = None) -> None:
+    """Writes the critic as a HF `Qwen{2,3}ForTokenClassification` checkpoint with one label."""
+    config = critic.config
+    tensors = hf.hf_tensors(nnx.state(critic), critic_table(config))
+    hf_config = config.to_hf_dict()
+    hf_config["architectures"] = [config.architecture.replace("ForCausalLM", "ForTokenClassification")]
+    hf_config["num_labels"] = 1
+    hf.write_checkpoint(tensors, hf_config, directory, config.jnp_param_dtype, tokenizer_dir)
+
+
+def prm_step_scores(
+    logits: chex.Array,
+    input_ids: chex.Array,
+    step_tag_id: int,
+    candidate_token_ids: Sequence[int],
+) -> Tuple[chex.Array, chex.Array]:
+    """Probability of the "good" candidate at each step tag (Math-Shepherd / OpenR PRMs).
+
+      score_t = softmax(logits_t[candidates])[0]   at positions t with input_ids_t == step_tag
+
+    Args:
+      logits: `[B, T, V]` PRM logits.
+      input_ids: `[B, T]` the scored sequence, each reasoning step followed by the tag.
+      step_tag_id: the token id of the step tag (e.g. "ки" for Math-Shepherd).
+      candidate_token_ids: (good, bad, ...) ids; the score is the first's
+        probability renormalised over the candidates.
+
+    Returns:
+      (`[B, T]` float32 scores, 0 off the tags; `[B, T]` float32 tag mask).
+    """
+    chex.assert_rank(logits, 3)
+    chex.assert_rank(input_ids, 2)
+    if len(candidate_token_ids) < 2:
+        raise ValueError(f"candidate_token_ids needs a good and at least one other token, got {candidate_token_ids}")
+    candidates = logits[..., jnp.asarray(candidate_token_ids)].astype(jnp.float32)
+    good = jax.nn.softmax(candidates, axis=-1)[..., 0]
+    tags = (input_ids == step_tag_id).astype(jnp.float32)
+    return good * tags, tags
+
+
+def prm_scores(
+    prm: QwenForCausalLM,
+    input_ids: chex.Array,
+    attention_mask: chex.Array,
+    step_tag_id: int,
+    candidate_token_ids: Sequence[int],
+) -> Tuple[chex.Array, chex.Array]:
+    """Runs the PRM on `[B, T]` sequences and returns `prm_step_scores` of its logits."""
+    logits, _ = prm(input_ids, attention_mask=attention_mask)
+    tags_counted = (input_ids == step_tag_id) & (attention_mask > 0)
+    scores, _ = prm_step_scores(logits, input_ids, step_tag_id, candidate_token_ids)
+    tags = tags_counted.astype(jnp.float32)
+    return scores * tags, tags
