@@ -18,3 +18,13 @@ def test_quickstart_reward_rises():
     rewards = runpy.run_path(str(ROOT / "scripts" / "quickstart.py"))["rewards"]
     assert sum(rewards[:3]) / 3 < 0.3
     assert sum(rewards[-5:]) / 5 > 0.8
+
+
+def test_readme_models_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- models:begin -->\n```python\n(.*?)```\n<!-- models:end -->", readme, re.S)
+    assert block, "README has no models block"
+    namespace = {}
+    exec(compile(block.group(1), "README.md:models", "exec"), namespace)
+    assert namespace["logits"].shape == (2, 5, 100)
+    assert "(2, 5, 100)" in capsys.readouterr().out
