@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mathrl_jax.sharding.rules import constrain_batch
+
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # Other heads on the same trunk (critics are saved as token classifiers).
 _TRUNK_OF = {"Qwen2ForTokenClassification": "Qwen2ForCausalLM", "Qwen3ForTokenClassification": "Qwen3ForCausalLM"}
@@ -340,12 +342,13 @@ class QwenModel(nnx.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
 
     def __call__(self, input_ids, positions, allowed, cache: Optional[KVCache] = None, cache_index=None):
-        x = self.embed_tokens(input_ids)
+        x = constrain_batch(self.embed_tokens(input_ids))
         new_keys, new_values = [], []
         call = nnx.remat(_remat_layer) if self.config.remat else _remat_layer
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index)
+            x = constrain_batch(x)
             if layer_cache is not None:
                 new_keys.append(layer_cache[0])
                 new_values.append(layer_cache[1])

@@ -1,0 +1,162 @@
+"""Partition rules: parameter path pattern -> `PartitionSpec`.
+
+A rule set is an ordered tuple of `(regex, PartitionSpec)`; a leaf takes the
+spec of the first rule whose regex is found in its path string (keys joined
+by "/", e.g. `model/layers/3/self_attn/q_proj/kernel`). Optimizer states
+(optax `mu`, `nu`, ...) mirror the parameter tree, so their leaves have the
+same path suffixes and match the same rules; rank-0 leaves (step counters)
+are replicated. A leaf that matches no rule is an error, never silently
+replicated.
+
+Qwen layout (Megatron-style tensor parallelism over "tp", ZeRO-3-style
+parameter sharding over "fsdp"):
+
+| parameter                          | shape      | spec            |
+|------------------------------------|------------|-----------------|
+| embed_tokens.embedding             | [V, D]     | (tp, fsdp)      |
+| q/k/v_proj.kernel, gate/up.kernel  | [D, out]   | (fsdp, tp)      |
+| q/k/v_proj.bias                    | [out]      | (tp,)           |
+| o_proj.kernel, down_proj.kernel    | [in, D]    | (tp, fsdp)      |
+| lm_head.kernel                     | [D, V]     | (fsdp, tp)      |
+| score (critic head)                | [D, 1], [1]| (fsdp, None), ()|
+| every norm weight                  | [D]        | ()              |
+
+k/v projections are replicated over tp when tp does not divide the number of
+key-value heads (as vLLM does), so a 12-head / 2-kv-head model runs at tp=4.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+Rules = Tuple[Tuple[str, P], ...]
+
+class ShardingRuleError(ValueError):
+    """A leaf no rule covers, or a rule that does not fit a leaf's shape."""
+
+
+def qwen_rules(num_key_value_heads: Optional[int] = None, tp: int = 1) -> Rules:
+    """The Qwen rule set (see the module table).
+
+    k/v projections are replicated over tp when tp does not divide
+    `num_key_value_heads`. The "/" before each name keeps `q_norm/weight` and
+    the like from matching another module's rule.
+    """
+    kv_tp = "tp" if num_key_value_heads is None or num_key_value_heads % tp == 0 else None
+    return (
+        (r"(^|/)embed_tokens/embedding$", P("tp", "fsdp")),
+        (r"/(q_proj|gate_proj|up_proj)/kernel$", P("fsdp", "tp")),
+        (r"/(k_proj|v_proj)/kernel$", P("fsdp", kv_tp)),
+        (r"/q_proj/bias$", P("tp")),
+        (r"/(k_proj|v_proj)/bias$", P(kv_tp)),
+        (r"/(o_proj|down_proj)/kernel$", P("tp", "fsdp")),
+        (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),
+        (r"(^|/)score/kernel$", P("fsdp", None)),
+        (r"(^|/)score/bias$", P()),
+        (r"norm/weight$", P()),
+    )
+
+
+def path_string(path: Sequence[Any]) -> str:
+    """`model/layers/0/self_attn/q_proj/kernel` for a jax tree path (NNX's trailing `.value` dropped)."""
+    parts = []
+    for key in path:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            parts.append(key.name)
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(key.key))
+        else:
+            parts.append(str(key))
+    if parts and parts[-1] == "value":
+        parts.pop()
+    return "/".join(parts)
+
+
+def spec_for(path: str, shape: Tuple[int, ...], rules: Rules, mesh: Optional[jax.sharding.Mesh] = None) -> P:
+    """The PartitionSpec of one leaf; checks it divides the leaf's shape on `mesh`."""
+    if len(shape) == 0:
+        return P()
+    for pattern, spec in rules:
+        if re.search(pattern, path):
+            if len(spec) > len(shape):
+                raise ShardingRuleError(f"rule {pattern!r} -> {spec} has more axes than {path} of shape {shape}")
+            if mesh is not None:
+                for dim, axes in zip(shape, spec):
+                    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+                    size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+                    if dim % size:
+                        raise ShardingRuleError(
+                            f"{path} of shape {shape}: dimension {dim} is not divisible by mesh axes "
+                            f"{names} of size {size} (rule {pattern!r} -> {spec})"
+                        )
+            return spec
+    raise ShardingRuleError(f"no partition rule matches {path!r} (shape {shape}); add one to the rule set")
+
+
+def tree_specs(tree: Any, rules: Rules, mesh: Optional[jax.sharding.Mesh] = None) -> Any:
+    """A pytree of PartitionSpecs with the structure of `tree` (arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map_with_path(lambda path, x: spec_for(path_string(path), np.shape(x), rules, mesh), tree)
+
+
+def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
+    """A pytree of NamedShardings on `mesh` with the structure of `tree`."""
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), tree_specs(tree, rules, mesh),
+                                  is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_tree(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
+    """Moves every leaf of `tree` to its rule's sharding."""
+    return jax.device_put(tree, tree_shardings(tree, mesh, rules))
+
+
+def sharded_init(init_fn: Callable[[], Any], mesh: jax.sharding.Mesh, rules: Rules) -> Any:
+    """Runs `init_fn` under jit with each output leaf created directly in its sharding.
+
+    No leaf is ever materialised whole on one device: the shardings are derived
+    from `jax.eval_shape(init_fn)` and passed as `out_shardings`.
+    """
+    abstract = jax.eval_shape(init_fn)
+    return jax.jit(init_fn, out_shardings=tree_shardings(abstract, mesh, rules))()
+
+
+def batch_spec(rank: int) -> P:
+    """Batch-major arrays: the leading axis split over dp and fsdp, the rest replicated."""
+    return P(("dp", "fsdp"), *([None] * (rank - 1)))
+
+
+def constrain(x: chex.Array, spec: P) -> chex.Array:
+    """`with_sharding_constraint` under an active mesh (`jax.set_mesh`), a no-op without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(a for s in spec if s for a in (s if isinstance(s, tuple) else (s,))) <= set(mesh.axis_names):
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def constrain_batch(x: chex.Array) -> chex.Array:
+    """Activations `[B, ...]`: batch over ("dp", "fsdp"), the rest replicated."""
+    return constrain(x, batch_spec(x.ndim))
+
+
+def constrain_heads(x: chex.Array) -> chex.Array:
+    """Per-head activations `[B, T, H, d]`: batch over ("dp", "fsdp"), heads over "tp"."""
+    return constrain(x, P(("dp", "fsdp"), None, "tp", None))
+
+
+def param_bytes(tree: Any) -> int:
+    return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def loader_sharding_fn(mesh: jax.sharding.Mesh, rules: Rules) -> Callable[[Tuple, Tuple[int, ...]], NamedSharding]:
+    """The `(nnx_path, shape) -> Sharding` that `models.hf.load_state` takes, from a rule set."""
+    return lambda path, shape: NamedSharding(mesh, spec_for("/".join(map(str, path)), shape, rules, mesh))
