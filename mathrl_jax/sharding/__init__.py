@@ -1,6 +1,6 @@
 """Meshes from `dp` / `fsdp` / `tp` flags, partition rules, and multi-host set-up."""
 
-from mathrl_jax.sharding.mesh import AXES, BATCH_AXES, MeshConfig, MeshError, make_mesh, resolve_mesh_shape
+from mathrl_jax.sharding.mesh import AXES, BATCH_AXES, MeshConfig, MeshError, follow_mesh, make_mesh, resolve_mesh_shape
 from mathrl_jax.sharding.rules import (
     ShardingRuleError,
     batch_spec,

@@ -43,6 +43,11 @@ class MeshConfig:
         return (self.dp, self.fsdp, self.tp)
 
 
+def follow_mesh(own: Dict[str, Optional[int]], trainer: Dict[str, int]) -> Dict[str, int]:
+    """A second mesh (the sampler's) whose unset (None) axes take the trainer's values."""
+    return {axis: trainer[axis] if own.get(axis) is None else own[axis] for axis in AXES}
+
+
 def _valid_shapes(num_devices: int, limit: int = 6):
     """A few (dp, fsdp, tp) that multiply to num_devices, most fsdp-heavy first."""
     shapes = []

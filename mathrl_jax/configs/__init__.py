@@ -1,0 +1,1 @@
+"""ml_collections configs: `default.py` (offline, CPU) and one file per recipe."""
