@@ -118,18 +118,8 @@ def np_value_huber(values, old_values, returns, mask, clip=0.2, delta=10.0, grad
 
 
 def np_gae(rewards, values, mask, gamma=1.0, lam=0.95):
-    batch, length = rewards.shape
-    adv = np.zeros_like(rewards)
-    next_value = np.zeros(batch, rewards.dtype)
-    next_adv = np.zeros(batch, rewards.dtype)
-    for t in range(length - 1, -1, -1):
-        m = mask[:, t] > 0
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        a = delta + gamma * lam * next_adv
-        adv[:, t] = np.where(m, a, 0.0)
-        next_value = np.where(m, values[:, t], next_value)
-        next_adv = np.where(m, a, next_adv)
-    return adv, (adv + values) * mask
+    # Plain GAE is the action-decomposed recursion with every token an action end.
+    return np_action_decomposed_gae(rewards, values, np.ones_like(mask), mask, gamma, lam)
 
 
 def np_action_decomposed_gae(rewards, values, ends, mask, gamma=0.99, lam=0.95):

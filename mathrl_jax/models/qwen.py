@@ -381,6 +381,22 @@ def attention_allowed(
     return allowed
 
 
+def full_sequence_attention(
+    input_ids: chex.Array,
+    attention_mask: Optional[chex.Array] = None,
+    positions: Optional[chex.Array] = None,
+    segment_ids: Optional[chex.Array] = None,
+) -> Tuple[chex.Array, chex.Array]:
+    """(positions, `[B, T, T]` allowed) of a cache-less causal pass, with the defaults filled in."""
+    batch, length = input_ids.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((batch, length), jnp.int32)
+    if positions is None:
+        positions = default_positions(attention_mask)
+    slots = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    return positions, attention_allowed(slots, attention_mask, segment_ids, segment_ids)
+
+
 class QwenForCausalLM(nnx.Module):
     """Qwen causal LM: `(logits or hidden states, updated KV cache)`."""
 
@@ -431,12 +447,7 @@ class QwenForCausalLM(nnx.Module):
         chex.assert_rank(input_ids, 2)
         batch, length = input_ids.shape
         if cache is None:
-            if attention_mask is None:
-                attention_mask = jnp.ones((batch, length), jnp.int32)
-            if positions is None:
-                positions = default_positions(attention_mask)
-            slots = jnp.broadcast_to(jnp.arange(length), (batch, length))
-            allowed = attention_allowed(slots, attention_mask, segment_ids, segment_ids)
+            positions, allowed = full_sequence_attention(input_ids, attention_mask, positions, segment_ids)
         else:
             if positions is None or attention_mask is None or cache_index is None:
                 raise ValueError("decoding with a cache needs positions, attention_mask [B, S] and cache_index")

@@ -21,8 +21,7 @@ from mathrl_jax.models.qwen import (
     QwenConfig,
     QwenForCausalLM,
     QwenModel,
-    attention_allowed,
-    default_positions,
+    full_sequence_attention,
 )
 
 
@@ -53,13 +52,7 @@ class QwenCritic(nnx.Module):
         segment_ids: Optional[chex.Array] = None,
     ) -> chex.Array:
         """`[B, T]` float32 values, one per position (value of the prefix up to and including it)."""
-        batch, length = input_ids.shape
-        if attention_mask is None:
-            attention_mask = jnp.ones((batch, length), jnp.int32)
-        if positions is None:
-            positions = default_positions(attention_mask)
-        slots = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        allowed = attention_allowed(slots, attention_mask, segment_ids, segment_ids)
+        positions, allowed = full_sequence_attention(input_ids, attention_mask, positions, segment_ids)
         hidden, _ = self.model(input_ids, positions, allowed)
         return self.score(hidden.astype(jnp.float32))[..., 0]
 
