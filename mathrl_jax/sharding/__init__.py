@@ -6,6 +6,7 @@ from mathrl_jax.sharding.rules import (
     batch_spec,
     constrain,
     constrain_batch,
+    constrain_heads,
     loader_sharding_fn,
     path_string,
     qwen_rules,

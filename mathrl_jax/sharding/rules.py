@@ -136,10 +136,21 @@ def batch_spec(rank: int) -> P:
 
 
 def constrain(x: chex.Array, spec: P) -> chex.Array:
-    """`with_sharding_constraint` under an active mesh (`jax.set_mesh`), a no-op without one."""
+    """`with_sharding_constraint` under an active mesh (`jax.set_mesh`).
+
+    A no-op without a mesh, when the mesh lacks one of the spec's axes, or when a
+    dimension does not divide by its axes (e.g. 2 kv heads on tp=4, which the
+    rules replicate): the constraint is a hint, never a reason to fail.
+    """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(a for s in spec if s for a in (s if isinstance(s, tuple) else (s,))) <= set(mesh.axis_names):
+    if mesh.empty:
         return x
+    for dim, axes in zip(x.shape, spec):
+        names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        if any(name not in mesh.axis_names for name in names):
+            return x
+        if dim % int(np.prod([mesh.shape[name] for name in names])):
+            return x
     return jax.lax.with_sharding_constraint(x, spec)
 
 

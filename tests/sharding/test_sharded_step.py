@@ -127,3 +127,17 @@ def test_hf_checkpoint_loads_straight_into_the_rule_shardings(tmp_path):
         # No device holds the whole tensor unless the rule replicates it.
         if any(axis is not None for axis in spec):
             assert all(s.data.size < array.size for s in array.addressable_shards)
+
+
+def test_activation_constraints_split_batch_and_heads_under_a_mesh():
+    P = jax.sharding.PartitionSpec
+    mesh = S.make_mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    heads = jnp.ones((8, 4, 4, 16))
+    assert S.constrain_heads(heads) is heads  # no active mesh: untouched
+    with jax.set_mesh(mesh):
+        placed = jax.jit(S.constrain_heads)(heads)
+        hidden = jax.jit(S.constrain_batch)(jnp.ones((8, 4, 32)))
+        odd_heads = jax.jit(S.constrain_heads)(jnp.ones((8, 4, 3, 16)))  # 3 heads do not split over tp=2
+    assert placed.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "fsdp"), None, "tp", None)), 4)
+    assert hidden.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "fsdp"), None, None)), 3)
+    assert odd_heads.shape == (8, 4, 3, 16)
