@@ -410,7 +410,7 @@ def main():
     parser.add_argument("--logits-length", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--hidden-size", type=int, default=896)
-    parser.add_argument("--chunk-size", type=int, default=None, help="default: the library's default_chunk_rows()")
+    parser.add_argument("--chunk-size", type=int, default=None, help="default: the library's default_chunk_rows(vocab)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--skip-memory", action="store_true")
@@ -420,7 +420,7 @@ def main():
         args.batch, args.length, args.repeats = 8, 256, 2
         args.logits_batch, args.logits_length, args.vocab, args.hidden_size = 2, 64, 4096, 64
     if args.chunk_size is None:
-        args.chunk_size = default_chunk_rows()
+        args.chunk_size = default_chunk_rows(args.vocab)
     if args.memory_probe:
         print(json.dumps(memory_probe(args.memory_probe, args.logits_batch, args.logits_length, args.vocab,
                                       args.chunk_size)))
