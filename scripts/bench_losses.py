@@ -316,7 +316,6 @@ def bench_logprobs(batch, length, vocab, repeats, chunk_size):
     jax_fwd = median_seconds(lambda: fwd(logits), repeats)
     jax_grad = median_seconds(lambda: grad(logits), max(1, repeats // 2))
     logits_np = np.asarray(logits)
-    del logits
     np_fwd = median_seconds(lambda: np_chunked_logprobs(logits_np, tokens_np, chunk_size)[0], max(1, repeats // 2))
     np_grad = median_seconds(lambda: np_chunked_logprobs(logits_np, tokens_np, chunk_size, True)[2], 1)
     shape = f"{batch}x{length}x{vocab}"

@@ -67,7 +67,6 @@ class PeakSampler:
 def probe(mode, directory):
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax
-    import numpy as np
 
     from mathrl_jax import sharding as S
     from mathrl_jax.models import QwenConfig, hf

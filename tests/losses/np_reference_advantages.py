@@ -10,7 +10,7 @@ Conventions: `mask` entries > 0 are counted; every output is 0 outside the mask.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 

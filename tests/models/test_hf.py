@@ -16,7 +16,7 @@ import transformers
 from flax import nnx, serialization
 
 from mathrl_jax.models import hf, tiny, value_head
-from tests.models.conftest import VOCAB, padded_batch, torch_logits
+from tests.models.conftest import padded_batch, torch_logits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
