@@ -233,11 +233,16 @@ def load_state(
     Raises:
       CheckpointError naming the missing, unexpected or mis-shaped tensor.
     """
+    return _load_split(directory, config, sharding_fn)[1]
+
+
+def _load_split(directory: str, config: QwenConfig, sharding_fn: Optional[ShardingFn]):
+    """(graphdef, loaded state) from one abstract trace of the model."""
     tied_head = lambda name: config.tie_word_embeddings and name == "lm_head.weight"
     pure = read_tensors(directory, parameter_table(config), config.jnp_param_dtype, sharding_fn, ignore=tied_head)
-    state = nnx.state(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
     nnx.replace_by_pure_dict(state, pure)
-    return state
+    return graphdef, state
 
 
 def _to_device(array: np.ndarray, dtype: np.dtype, sharding: Optional[jax.sharding.Sharding]) -> jax.Array:
@@ -255,9 +260,7 @@ def load_model(directory: str, sharding_fn: Optional[ShardingFn] = None, **confi
     `dtype="bfloat16"` or `remat=True`.
     """
     config = QwenConfig.from_pretrained(directory, **config_overrides)
-    state = load_state(directory, config, sharding_fn)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
-    return nnx.merge(graphdef, state)
+    return nnx.merge(*_load_split(directory, config, sharding_fn))
 
 
 # ---------------------------------------------------------------------------
