@@ -1,0 +1,84 @@
+"""Prompt templates: how a question becomes the text the policy continues.
+
+| template     | text                                                                         | from |
+|--------------|------------------------------------------------------------------------------|------|
+| `plain`      | the question                                                                 | arithmetic ("3+5="), pre-formatted prompts |
+| `boxed`      | question + "\\nPlease reason step by step, and put your final answer within \\\\boxed{}." | Qwen2.5-Math's CoT instruction |
+| `verl_boxed` | question + " Let's think step by step and output the final answer within \\\\boxed{}." | verl's MATH / GSM8K preprocessing |
+| `r1_zero`    | "A conversation between User and Assistant. ... User: {question}\\nAssistant: <think>" | DeepSeek-R1-Zero, as Oat / understand-r1-zero write it |
+| `chat`       | the tokenizer's chat template over one user turn holding the `boxed` text    | instruct models |
+| `chat_plain` | the tokenizer's chat template over one user turn holding the question        | |
+
+The string templates are in `TEMPLATES`, with "{question}" where the question goes;
+they are filled by plain substitution, not `str.format`, so braces in a question
+("\\\\frac{1}{2}") or in a template ("\\\\boxed{}") are kept as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""Qwen2.5-Math's chain-of-thought instruction (also its evaluation system prompt)."""
+
+VERL_MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+"""The instruction verl's data preprocessing scripts append to MATH / GSM8K-style questions."""
+
+R1_ZERO_PREAMBLE = (
+    "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the answer. "
+    "The reasoning process is enclosed within <think> </think> and answer is enclosed within <answer> </answer> "
+    "tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>."
+)
+"""DeepSeek-R1-Zero's template preamble (DeepSeek-AI 2025, Table 1), in Oat's `apply_r1_template` wording."""
+
+TEMPLATES: dict[str, str] = {
+    "plain": "{question}",
+    "boxed": "{question}\n" + QWEN_MATH_INSTRUCTION,
+    "verl_boxed": "{question} " + VERL_MATH_INSTRUCTION,
+    "r1_zero": R1_ZERO_PREAMBLE + "\nUser: {question}\nAssistant: <think>",
+}
+"""String templates by name; "{question}" marks where the question goes."""
+
+CHAT_TEMPLATES: dict[str, str] = {"chat": "boxed", "chat_plain": "plain"}
+"""Templates rendered with the tokenizer's chat template: name -> the string template of the user turn."""
+
+TEMPLATE_NAMES = tuple(sorted(TEMPLATES)) + tuple(sorted(CHAT_TEMPLATES))
+"""Every valid `template` argument of `format_prompt`."""
+
+
+def format_prompt(question: str, template: str = "plain", *, tokenizer: Any = None, system: str | None = None) -> str:
+    """The prompt text for `question` under `template` (see the module table).
+
+    Args:
+      question: the problem's question.
+      template: a name in `TEMPLATE_NAMES`.
+      tokenizer: for "chat" / "chat_plain": a transformers tokenizer with a chat
+        template; the prompt is `tokenizer.apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=True)` with messages [system?, user].
+      system: a system message, for the chat templates only.
+
+    Raises:
+      ValueError: an unknown template (the message lists the valid ones), a chat
+        template without a tokenizer or with one that has no chat template, or a
+        system message with a string template.
+    """
+    if not isinstance(question, str):
+        raise TypeError(f"question must be a string, got {type(question).__name__}: {question!r}")
+    if template in TEMPLATES:
+        if system is not None:
+            raise ValueError(
+                f"system={system!r} is used only by the chat templates {sorted(CHAT_TEMPLATES)}, "
+                f"not by template {template!r}"
+            )
+        return TEMPLATES[template].replace("{question}", question)
+    if template not in CHAT_TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; expected one of {', '.join(TEMPLATE_NAMES)}")
+    if tokenizer is None:
+        raise ValueError(f"template {template!r} needs a tokenizer with a chat template, got tokenizer=None")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"template {template!r}: the tokenizer {type(tokenizer).__name__} has no chat template")
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    user = TEMPLATES[CHAT_TEMPLATES[template]].replace("{question}", question)
+    messages.append({"role": "user", "content": user})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
