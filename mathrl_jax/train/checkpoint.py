@@ -1,0 +1,520 @@
+"""Orbax checkpoints of a training state, with exact resume.
+
+`Checkpointer` wraps an Orbax `CheckpointManager`; every step directory holds
+two items:
+
+    <directory>/<step>/state      the pytree (OCDBT / TensorStore), sharded as it lives
+    <directory>/<step>/metadata   JSON (in the file metadata/metadata): data position, config, version, ...
+
+Guarantees:
+
+- Periodic and final saves: `should_save(step)` is true on positive multiples
+  of `save_interval`; `save(..., force=True)` saves at any step (the end of a run).
+  Only the last `max_to_keep` steps are kept.
+- Asynchronous writes: `save` returns once the arrays are copied to host memory;
+  the files are written in a background thread, so the device buffers may be
+  donated or deleted right after `save` returns.
+- Atomic: Orbax writes a step into `<step>.orbax-checkpoint-tmp`, writes
+  `commit_success.txt` into it, then renames it to `<step>` (on a local or POSIX
+  file system; on GCS `commit_success.txt` alone marks completion). A process
+  killed at any moment leaves either a complete step or a tmp directory that is
+  never taken for a checkpoint and is removed when the next `Checkpointer` opens
+  the directory.
+- Exact resume: `restore` returns every leaf bit-identical (arrays, optax state,
+  raw `uint32` RNG key data from `jax.random.key_data`, Python `int`/`float`/`bool`)
+  and the JSON metadata as saved (JSON round trip: tuples come back as lists).
+- Sharded: each process writes its own shards; `restore` places every array with
+  the target's sharding, which may be another mesh shape than the one saved.
+
+The state is stored by key path ("params/layers/0/kernel"): a pytree of dicts,
+lists, tuples, NamedTuples (optax states), dataclasses or flax `nnx.State`. The
+trailing `.value` of NNX Variables is dropped, so a state saved from `nnx.State`
+restores into `nnx.to_pure_dict(state)` and back. Typed PRNG key arrays are
+refused: store `jax.random.key_data(key)` (and rewrap with `jax.random.wrap_key_data`).
+
+Checkpoint layout and atomicity as Orbax (`orbax.checkpoint.CheckpointManager`,
+`orbax/checkpoint/_src/path/atomicity.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+if TYPE_CHECKING:
+    from typing import Self  # Python >= 3.11; annotations only
+
+STATE_ITEM = "state"
+METADATA_ITEM = "metadata"
+
+_Path = tuple[str, ...]
+_log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be saved or restored; names the directory, the step and the bad key."""
+
+
+# --------------------------------------------------------------------------------------------
+# Key paths
+# --------------------------------------------------------------------------------------------
+
+
+def _key_name(entry: Any) -> str:
+    if isinstance(entry, jax.tree_util.DictKey):
+        return str(entry.key)
+    if isinstance(entry, jax.tree_util.SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return entry.name
+    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
+        return str(entry.key)
+    return str(entry)
+
+
+def _leaf_path(path: tuple[Any, ...]) -> _Path:
+    names = tuple(_key_name(entry) for entry in path)
+    # nnx.Variable flattens to one leaf, `.value`: drop it so that nnx.State and its pure dict agree.
+    if len(path) > 1 and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
+        names = names[:-1]
+    return names
+
+
+def key_string(path: _Path) -> str:
+    """The key path ("params", "layers", "0", "kernel") as "params/layers/0/kernel"."""
+    return "/".join(path)
+
+
+def _flatten(tree: Any, what: str) -> tuple[list[_Path], list[Any], Any]:
+    """(key paths, leaves, treedef) of `tree`; refuses paths that collide once turned into strings."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    if not with_path:
+        raise CheckpointError(f"the {what} has no leaves (got {type(tree).__name__}); nothing to checkpoint")
+    paths = [_leaf_path(p) for p, _ in with_path]
+    if paths[0] == ():
+        raise CheckpointError(
+            f"the {what} is a single {type(tree).__name__}; wrap it in a container, e.g. {{'params': x}}"
+        )
+    # Orbax names each array by its keys joined with "."; "/" joins them in our messages.
+    for sep in ("/", "."):
+        seen: set[str] = set()
+        for path in paths:
+            name = sep.join(path)
+            if name in seen:
+                raise CheckpointError(f"two leaves of the {what} have the same key {name!r}; rename one")
+            seen.add(name)
+    leaf_set = set(paths)
+    for path in paths:
+        for i in range(1, len(path)):
+            if path[:i] in leaf_set:
+                raise CheckpointError(
+                    f"key {key_string(path[:i])!r} of the {what} is both a leaf and a container "
+                    f"(of {key_string(path)!r}); rename one"
+                )
+    return paths, [leaf for _, leaf in with_path], treedef
+
+
+def _nest(paths: list[_Path], leaves: list[Any]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for path, leaf in zip(paths, leaves):
+        node = root
+        for name in path[:-1]:
+            node = node.setdefault(name, {})
+        node[path[-1]] = leaf
+    return root
+
+
+def _flatten_saved(tree: Any, prefix: _Path = ()) -> dict[_Path, Any]:
+    """{key path: leaf metadata} of the tree Orbax reports for a saved item."""
+    if isinstance(tree, Mapping):
+        items = [(str(k), v) for k, v in tree.items()]
+    elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        items = [(str(i), v) for i, v in enumerate(tree)]
+    else:
+        return {} if tree is None else {prefix: tree}
+    flat: dict[_Path, Any] = {}
+    for name, value in items:
+        flat.update(_flatten_saved(value, prefix + (name,)))
+    return flat
+
+
+# --------------------------------------------------------------------------------------------
+# Leaves
+# --------------------------------------------------------------------------------------------
+
+
+def _is_typed_key(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _savable(path: _Path, leaf: Any, copy_numpy: bool) -> Any:
+    name = key_string(path)
+    if _is_typed_key(leaf):
+        raise CheckpointError(
+            f"state leaf {name!r} is a typed PRNG key array ({leaf.dtype}); store its raw data "
+            f"jax.random.key_data(key) (uint32) instead, and rewrap with jax.random.wrap_key_data"
+        )
+    if isinstance(leaf, jax.Array):
+        return leaf
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        if leaf.dtype.kind in "OUSV":
+            raise CheckpointError(f"state leaf {name!r} has dtype {leaf.dtype}; only numeric arrays are saved")
+        # A copy, so that the background write never sees a later in-place change of a NumPy buffer.
+        return np.array(leaf, copy=True) if copy_numpy or isinstance(leaf, np.generic) else leaf
+    if isinstance(leaf, (bool, int, float)):
+        return leaf
+    raise CheckpointError(
+        f"state leaf {name!r} is a {type(leaf).__name__}; a state holds jax/NumPy arrays and Python "
+        f"int/float/bool (put strings and other JSON values in `metadata`)"
+    )
+
+
+def _restore_target(path: _Path, leaf: Any) -> Any:
+    """What Orbax is asked to restore for one target leaf."""
+    name = key_string(path)
+    if _is_typed_key(leaf):
+        raise CheckpointError(
+            f"target leaf {name!r} is a typed PRNG key array ({leaf.dtype}); checkpoints hold raw key data, "
+            f"use jax.random.key_data(key) in the target"
+        )
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf
+    if isinstance(leaf, jax.Array):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return np.zeros(np.shape(leaf), leaf.dtype)
+    if isinstance(leaf, (bool, int, float)):
+        return leaf
+    raise CheckpointError(
+        f"target leaf {name!r} is a {type(leaf).__name__}; expected a jax.Array, jax.ShapeDtypeStruct, "
+        f"NumPy array or Python int/float/bool"
+    )
+
+
+def _as_target_type(target: Any, value: Any) -> Any:
+    """The restored `value` in the type and dtype of the target leaf."""
+    if isinstance(target, (jax.ShapeDtypeStruct, jax.Array)):
+        return value if value.dtype == target.dtype else value.astype(target.dtype)
+    if isinstance(target, np.generic):
+        return np.asarray(value, dtype=target.dtype)[()]
+    if isinstance(target, np.ndarray):
+        return np.asarray(value, dtype=target.dtype)
+    if isinstance(target, bool):
+        return bool(np.asarray(value))
+    if isinstance(target, int):
+        return int(np.asarray(value))
+    return float(np.asarray(value))
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata
+# --------------------------------------------------------------------------------------------
+
+
+def _non_json(value: Any, where: str) -> str | None:
+    """Where in `value` something is not a JSON value (None when all of it is)."""
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, (int, float)):
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has the key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+            found = _non_json(item, f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _non_json(item, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return f"{where} is a {type(value).__name__} ({value!r:.60}); use int, float, str, bool, None, list or dict"
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpointer
+# --------------------------------------------------------------------------------------------
+
+
+class Checkpointer:
+    """Saves and restores (state pytree, JSON metadata) by step in `directory`.
+
+    Args:
+      directory: the checkpoint root (a local path, or a URL such as gs://... that Orbax
+        supports); created if missing. Step `s` lives in `<directory>/<s>`.
+      save_interval: `should_save(step)` is true when `step` is a positive multiple of it;
+        0 disables periodic saves (only `save(..., force=True)` writes).
+      max_to_keep: how many of the latest steps to keep; None keeps every step.
+      async_save: write the files in a background thread (see the module docstring).
+
+    Every process of a multi-host job constructs the Checkpointer and calls
+    `save` / `restore` with its part of the global arrays; Orbax writes the
+    JSON metadata from process 0 only.
+
+    Call `close()` (or use `with Checkpointer(...) as c:`) before the process
+    exits: it waits for the last asynchronous save. A process that exits or dies
+    without it leaves that save unfinalized, i.e. not a checkpoint.
+    """
+
+    def __init__(
+        self, directory: str, *, save_interval: int, max_to_keep: int | None = 3, async_save: bool = True
+    ) -> None:
+        if isinstance(save_interval, bool) or not isinstance(save_interval, (int, np.integer)) or save_interval < 0:
+            raise ValueError(f"save_interval={save_interval!r}: expected an int >= 0 (0: only forced saves)")
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, (int, np.integer)) or max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep={max_to_keep!r}: expected an int >= 1, or None to keep every step")
+        directory = os.fspath(directory)
+        if "://" not in directory:  # a local path; gs://... and other URLs are left to Orbax (etils.epath)
+            directory = os.path.abspath(os.path.expanduser(directory))
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(f"checkpoint directory {directory!r} exists and is not a directory")
+        self.directory = directory
+        self.save_interval = int(save_interval)
+        self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
+        self.async_save = bool(async_save)
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=max(self.save_interval, 1),
+            max_to_keep=self.max_to_keep,
+            enable_async_checkpointing=self.async_save,
+            cleanup_tmp_directories=True,  # remove the tmp dirs of writes that a crash interrupted
+            create=True,
+        )
+        # Handlers named up front, so that a fresh manager can read the metadata of steps it did not write.
+        handlers = {STATE_ITEM: ocp.StandardCheckpointHandler(), METADATA_ITEM: ocp.JsonCheckpointHandler()}
+        self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+        self._closed = False
+
+    # ---- steps ----
+
+    def all_steps(self) -> list[int]:
+        """The complete (finalized) steps in the directory, ascending; includes a save still being written."""
+        return sorted(int(s) for s in self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when the directory holds none."""
+        step = self._manager.latest_step()
+        return None if step is None else int(step)
+
+    def reload(self) -> None:
+        """Re-reads the step list from disk (for a reader of a directory that another job writes)."""
+        self._manager.reload()
+
+    def should_save(self, step: int) -> bool:
+        """True when `step` is a positive multiple of `save_interval` and newer than the latest saved step."""
+        step = _check_step(step)
+        if self.save_interval == 0 or step == 0 or step % self.save_interval:
+            return False
+        latest = self.latest_step()
+        return latest is None or step > latest
+
+    # ---- save ----
+
+    def save(self, step: int, state: Any, metadata: Mapping[str, Any] | None = None, *, force: bool = False) -> bool:
+        """Saves `state` and `metadata` as `step` if `should_save(step)` or `force`; returns whether it did.
+
+        Args:
+          step: the step number (an int >= 0).
+          state: a pytree of jax.Array / NumPy arrays and Python int/float/bool leaves
+            (e.g. a TrainState with params, optax state, uint32 RNG key data and a step counter).
+          metadata: a JSON object (str keys; int, float, str, bool, None, list, dict values),
+            e.g. {"data_position": 1234, "config": {...}, "version": "0.1.0"}.
+          force: save even when `should_save(step)` is false (the final step of a run).
+
+        A step that already exists is not overwritten (returns False). A step older
+        than the latest saved one is an error: restore that step first, or use
+        another directory.
+        """
+        self._check_open()
+        step = _check_step(step)
+        if not force and not self.should_save(step):
+            return False
+        metadata = {} if metadata is None else metadata
+        if not isinstance(metadata, Mapping):
+            raise CheckpointError(f"metadata must be a JSON object (a dict), got {type(metadata).__name__}")
+        problem = _non_json(metadata, "metadata")
+        if problem:
+            raise CheckpointError(f"cannot save step {step} in {self.directory}: {problem}")
+        paths, leaves, _ = _flatten(state, "state")
+        leaves = [_savable(p, leaf, copy_numpy=self.async_save) for p, leaf in zip(paths, leaves)]
+        steps = self.all_steps()
+        if step in steps:
+            _log.info("checkpoint step %d already exists in %s; not saved again", step, self.directory)
+            return False
+        if steps and step < steps[-1]:
+            raise CheckpointError(
+                f"cannot save step {step} in {self.directory}: it already holds the newer step {steps[-1]} "
+                f"(steps {steps}); resume from the latest step or use another directory"
+            )
+        args = ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.StandardSave(_nest(paths, leaves)),
+                METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
+            }
+        )
+        try:
+            return bool(self._manager.save(step, args=args, force=True))
+        except Exception as e:  # re-raised with the directory and step named
+            raise CheckpointError(f"cannot save step {step} in {self.directory}: {e}") from e
+
+    # ---- restore ----
+
+    def _resolve_step(self, step: int | None) -> int:
+        self.wait_until_finished()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+        if step is None:
+            return steps[-1]
+        step = _check_step(step)
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; the steps there are {steps}")
+        return step
+
+    def saved_shapes(self, step: int | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """{key: (shape, dtype)} of the state saved at `step` (default: the latest), read from its metadata."""
+        step = self._resolve_step(step)
+        return {key_string(p): (tuple(m.shape), np.dtype(m.dtype)) for p, m in self._saved_leaves(step).items()}
+
+    def _saved_leaves(self, step: int) -> dict[_Path, Any]:
+        where = os.path.join(self.directory, str(step))
+        try:
+            tree = self._manager.metadata(step).item_metadata[STATE_ITEM]
+        except Exception as e:  # Orbax raises several unrelated types for unreadable metadata
+            raise CheckpointError(f"cannot read the state metadata of checkpoint {where}: {e}") from e
+        tree = getattr(tree, "tree", tree)
+        if tree is None:
+            raise CheckpointError(f"checkpoint {where} has no '{STATE_ITEM}' item; it was not written by Checkpointer")
+        return _flatten_saved(tree)
+
+    def read_metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON metadata saved with `step` (default: the latest), without reading the arrays."""
+        self._check_open()
+        step = self._resolve_step(step)
+        args = ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()})
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # re-raised with the directory and step named
+            raise CheckpointError(f"cannot read the metadata of checkpoint {self.directory}/{step}: {e}") from e
+        return dict(restored[METADATA_ITEM] or {})
+
+    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """(state, metadata) of `step` (default: the latest complete step).
+
+        Args:
+          target: a pytree with the saved structure. Its leaves say what to build:
+            a jax.Array (that array's shape, dtype and sharding), a
+            `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` (any sharding, e.g. on a
+            mesh of another shape than the one saved; without a sharding, the saved one
+            is used, which needs the same devices), a NumPy array or scalar, or a
+            Python int/float/bool.
+          step: which step; None for the latest.
+
+        Returns:
+          (the state with the target's tree structure, shardings and dtypes, the metadata dict).
+          Values are bit-identical to those saved when the dtypes agree (a differing
+          target dtype is a cast).
+
+        Raises:
+          CheckpointError: no checkpoint in the directory, no such step, or a target whose
+            keys or shapes differ from the saved ones (the keys are named).
+        """
+        self._check_open()
+        step = self._resolve_step(step)
+        where = os.path.join(self.directory, str(step))
+        paths, leaves, treedef = _flatten(target, "restore target")
+        abstract = [_restore_target(p, leaf) for p, leaf in zip(paths, leaves)]
+        saved = self._saved_leaves(step)
+        _check_matches(where, paths, abstract, saved)
+        args = ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.StandardRestore(_nest(paths, abstract)),
+                METADATA_ITEM: ocp.args.JsonRestore(),
+            }
+        )
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # re-raised with the directory and step named
+            raise CheckpointError(f"cannot restore checkpoint {where}: {e}") from e
+        tree = restored[STATE_ITEM]
+        values = []
+        for path, leaf in zip(paths, leaves):
+            node = tree
+            for name in path:
+                node = node[name]
+            values.append(_as_target_type(leaf, node))
+        return jax.tree_util.tree_unflatten(treedef, values), dict(restored[METADATA_ITEM] or {})
+
+    # ---- life cycle ----
+
+    def wait_until_finished(self) -> None:
+        """Blocks until a background save is written and finalized (raises its error, if any)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the pending save, then releases the manager; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._manager.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"the Checkpointer of {self.directory} is closed")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpointer({self.directory!r}, save_interval={self.save_interval}, "
+            f"max_to_keep={self.max_to_keep}, async_save={self.async_save})"
+        )
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise CheckpointError(f"step={step!r}: expected an int >= 0")
+    return int(step)
+
+
+def _check_matches(where: str, paths: list[_Path], abstract: list[Any], saved: dict[_Path, Any]) -> None:
+    """Raises a CheckpointError naming the keys of the target that the checkpoint at `where` lacks, and so on."""
+    wanted = set(paths)
+    missing = sorted(key_string(p) for p in paths if p not in saved)
+    extra = sorted(key_string(p) for p in saved if p not in wanted)
+    shapes = []
+    for path, leaf in zip(paths, abstract):
+        if path in saved:
+            saved_shape = tuple(getattr(saved[path], "shape", ()) or ())
+            if tuple(np.shape(leaf)) != saved_shape:
+                shapes.append(f"{key_string(path)}: saved {saved_shape}, target {tuple(np.shape(leaf))}")
+    if not (missing or extra or shapes):
+        return
+    parts = []
+    if missing:
+        parts.append(f"keys of the target not in the checkpoint: {_short(missing)}")
+    if extra:
+        parts.append(f"keys in the checkpoint not in the target: {_short(extra)}")
+    if shapes:
+        parts.append(f"shapes differ: {_short(shapes)}")
+    raise CheckpointError(f"checkpoint {where} does not match the restore target; " + "; ".join(parts))
+
+
+def _short(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
