@@ -1,0 +1,117 @@
+"""`TrainState`: everything a run needs to continue exactly, as one pytree.
+
+The reference policy is not in it: it is frozen, so it is rebuilt from where
+it came from (the starting checkpoint) rather than saved at every step. The
+data-loader position is host-side JSON and travels in the checkpoint metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Policy (and optional critic) params with their optimizer states, step, RNG and version.
+
+    Attributes:
+      params: the policy's `nnx.State`.
+      opt_state: its optax state.
+      step: `[]` int32 updates done (iterations of the loop).
+      rng: `[2]` uint32 raw key data (`jax.random.key_data`): plain arrays checkpoint bit-exactly.
+      policy_version: `[]` int32 version of `params` (bumped at every update; samplers record it).
+      skipped_updates: `[]` int32 minibatch updates skipped for a non-finite loss or gradient.
+      critic_params, critic_opt_state: the critic's, for PPO-family algorithms; None otherwise.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+    policy_version: jax.Array
+    skipped_updates: jax.Array
+    critic_params: Any = None
+    critic_opt_state: Any = None
+
+
+def create_train_state(
+    params: Any,
+    optimizer: optax.GradientTransformation,
+    *,
+    seed: int,
+    critic_params: Any = None,
+    critic_optimizer: Optional[optax.GradientTransformation] = None,
+) -> TrainState:
+    if (critic_params is None) != (critic_optimizer is None):
+        raise ValueError("critic_params and critic_optimizer go together: pass both or neither")
+    return TrainState(
+        params=params,
+        opt_state=optimizer.init(params),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        policy_version=jnp.zeros((), jnp.int32),
+        skipped_updates=jnp.zeros((), jnp.int32),
+        critic_params=critic_params,
+        critic_opt_state=None if critic_params is None else critic_optimizer.init(critic_params),
+    )
+
+
+def split_key(state: TrainState) -> Tuple[TrainState, jax.Array]:
+    """A fresh key for this step, and the state with its RNG advanced."""
+    key, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
+    return state.replace(rng=jax.random.key_data(key)), sub
+
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def learning_rate_schedule(
+    learning_rate: float,
+    *,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    total_steps: int = 1,
+    end_factor: float = 0.0,
+) -> optax.Schedule:
+    """Linear warm-up from 0 over `warmup_steps`, then constant, linear or cosine decay to `end_factor * lr`."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr schedule {schedule!r}: expected one of {SCHEDULES}")
+    if learning_rate <= 0 or warmup_steps < 0 or total_steps < 1:
+        raise ValueError(
+            f"learning_rate={learning_rate}, warmup_steps={warmup_steps}, total_steps={total_steps}: "
+            "expected lr > 0, warmup >= 0, total >= 1"
+        )
+    decay_steps = max(total_steps - warmup_steps, 1)
+    if schedule == "constant":
+        main = optax.constant_schedule(learning_rate)
+    elif schedule == "linear":
+        main = optax.linear_schedule(learning_rate, learning_rate * end_factor, decay_steps)
+    else:
+        main = optax.cosine_decay_schedule(learning_rate, decay_steps, alpha=end_factor)
+    if warmup_steps == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup_steps), main], [warmup_steps])
+
+
+def make_optimizer(
+    learning_rate: float,
+    *,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    total_steps: int = 1,
+    weight_decay: float = 0.0,
+    max_grad_norm: Optional[float] = 1.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping (verl / OpenR defaults: clip 1.0) and a schedule counted in optimizer steps."""
+    lr = learning_rate_schedule(learning_rate, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps)
+    parts = [] if not max_grad_norm else [optax.clip_by_global_norm(max_grad_norm)]
+    parts.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
+    return optax.chain(*parts)

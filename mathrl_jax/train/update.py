@@ -1,0 +1,265 @@
+"""The jitted PPO-style update: `ppo_epochs` x `num_mini_batches` optimizer steps on one batch of rollouts.
+
+    update = make_update_fn(graphdef, optimizer, UpdateConfig(ppo_epochs=1, num_mini_batches=4))
+    state, metrics = update(state, batch)
+
+Batch (all `[N, L]`, row layout of `Rollouts.to_batch`: column c holds token c,
+whose log-prob comes from the logits at column c - 1):
+  input_ids, attention_mask, response_mask, old_logprobs, advantages;
+  ref_logprobs (with `kl_coef > 0`); proximal_logprobs (decoupled loss);
+  returns, old_values (with a critic).
+
+Per minibatch: the loss denominator is computed on the whole minibatch, each
+micro-batch contributes numerator / denominator (so accumulation is exact,
+not an average of averages); the gradient norm is taken before clipping; a
+step whose loss or gradient is not finite is skipped, params and optimizer
+state untouched, and counted; with `target_kl`, once a minibatch's approx-KL
+(k3, OpenR) exceeds it, it and the remaining minibatches of the batch are not
+applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from mathrl_jax import losses
+from mathrl_jax.train.state import TrainState
+
+POLICY_LOSSES = ("ppo", "decoupled", "gspo", "reinforce")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """Static settings of the update (one compiled program per config)."""
+
+    ppo_epochs: int = 1
+    num_mini_batches: int = 1
+    micro_batch_size: Optional[int] = None  # rows per gradient-accumulation chunk; None: the whole minibatch
+    policy_loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: Optional[float] = None  # DAPO clip-higher: 0.28
+    clip_c: Optional[float] = None  # dual clip
+    behaviour_weight_cap: Optional[float] = None  # decoupled loss
+    loss_agg_mode: str = "token-mean"
+    norm_constant: Optional[float] = None
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0  # KL to the reference in the loss (GRPO); 0 disables
+    kl_kind: str = "k3"
+    value_clip: Optional[float] = 0.2
+    value_loss_type: str = "mse"
+    target_kl: Optional[float] = None  # OpenR early stop on approx-KL
+    temperature: float = 1.0  # log-probs at the sampler's temperature
+
+    def __post_init__(self):
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"policy_loss={self.policy_loss!r}: expected one of {POLICY_LOSSES}")
+        if self.ppo_epochs < 1 or self.num_mini_batches < 1:
+            raise ValueError(f"ppo_epochs={self.ppo_epochs}, num_mini_batches={self.num_mini_batches}: must be >= 1")
+        if self.loss_agg_mode not in losses.LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r}: expected one of {losses.LOSS_AGG_MODES}")
+
+
+def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
+    """(log-prob, entropy) `[N, L]` with column c scoring token c from the logits at c - 1; column 0 is 0."""
+    logp, entropy = losses.token_logprobs_from_logits(logits[:, :-1], input_ids[:, 1:], temperature=temperature)
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logp, pad), jnp.pad(entropy, pad)
+
+
+def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0):
+    """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes."""
+    logits, _ = nnx.merge(graphdef, params)(input_ids, attention_mask=attention_mask)
+    return shifted_logprobs(logits, input_ids, temperature)
+
+
+def critic_values(graphdef, params, input_ids, attention_mask):
+    """Critic values aligned like the log-probs: column c is V(prefix before token c) (verl's alignment)."""
+    values = nnx.merge(graphdef, params)(input_ids, attention_mask=attention_mask)
+    return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
+
+
+def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
+    logp, entropy = policy_logprobs(graphdef, params, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+    mask = mb["response_mask"]
+    agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
+    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
+    if cfg.policy_loss == "ppo":
+        loss, metrics = losses.ppo_clip_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **clip, **agg)
+    elif cfg.policy_loss == "decoupled":
+        loss, metrics = losses.decoupled_ppo_loss(
+            logp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mask,
+            proximal_logprobs=mb["proximal_logprobs"],
+            behaviour_weight_cap=cfg.behaviour_weight_cap,
+            **clip,
+            **agg,
+        )
+    elif cfg.policy_loss == "gspo":
+        loss, metrics = losses.gspo_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **agg)
+    else:
+        loss, metrics = losses.reinforce_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **agg)
+    metrics = {"policy_loss": loss, **metrics}
+    entropy_term = losses.aggregate_loss(entropy, mask, cfg.loss_agg_mode, cfg.norm_constant, denominator)
+    metrics["entropy"] = losses.masked_mean(entropy, mask)
+    total = loss - cfg.entropy_coef * entropy_term
+    if cfg.kl_coef:
+        kl, _ = losses.kl_loss(logp, mb["ref_logprobs"], mask, kind=cfg.kl_kind, **agg)
+        metrics["kl"] = kl
+        total = total + cfg.kl_coef * kl
+    metrics["approx_kl_k3"] = losses.masked_mean(losses.kl_k3(mb["old_logprobs"], logp), mask)
+    return total, metrics
+
+
+def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
+    values = critic_values(graphdef, params, mb["input_ids"], mb["attention_mask"])
+    loss, metrics = losses.clipped_value_loss(
+        values,
+        mb["old_values"],
+        mb["returns"],
+        mb["response_mask"],
+        clip_range=cfg.value_clip,
+        loss_type=cfg.value_loss_type,
+        loss_agg_mode=cfg.loss_agg_mode,
+        norm_constant=cfg.norm_constant,
+        denominator=denominator,
+    )
+    return loss, {"value_loss": loss, **{f"value_{k}": v for k, v in metrics.items() if k != "value_loss"}}
+
+
+def _accumulate(objective: Callable, params, micro_batches, denominator):
+    """Sum over micro-batches of (loss, grads); metrics averaged over micro-batches."""
+
+    def body(acc, mb):
+        (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
+        acc_loss, acc_grads, acc_metrics = acc
+        return (
+            acc_loss + loss,
+            jax.tree.map(jnp.add, acc_grads, grads),
+            jax.tree.map(jnp.add, acc_metrics, metrics),
+        ), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    (_, metrics_shape), _ = jax.eval_shape(
+        lambda: jax.value_and_grad(objective, has_aux=True)(params, first, denominator)
+    )
+    zeros = (
+        jnp.zeros((), jnp.float32),
+        jax.tree.map(jnp.zeros_like, params),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape),
+    )
+    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
+    count = jax.tree.leaves(micro_batches)[0].shape[0]
+    return loss, grads, jax.tree.map(lambda m: m / count, metrics)
+
+
+def _apply_if(ok, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def make_update_fn(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    cfg: UpdateConfig,
+    *,
+    critic_graphdef: Optional[nnx.GraphDef] = None,
+    critic_optimizer: Optional[optax.GradientTransformation] = None,
+    donate: bool = True,
+) -> Callable[[TrainState, Dict[str, jax.Array]], Tuple[TrainState, Dict[str, jax.Array]]]:
+    """The jitted `update(state, batch) -> (state, metrics)` (see the module docstring)."""
+    has_critic = critic_graphdef is not None
+    policy_objective = functools.partial(_policy_objective, cfg, graphdef)
+    critic_objective = functools.partial(_critic_objective, cfg, critic_graphdef) if has_critic else None
+
+    def update(state: TrainState, batch: Dict[str, jax.Array]):
+        rows = batch["input_ids"].shape[0]
+        if rows % cfg.num_mini_batches:
+            raise ValueError(f"batch of {rows} rows does not split into num_mini_batches={cfg.num_mini_batches}")
+        mini = rows // cfg.num_mini_batches
+        micro = cfg.micro_batch_size or mini
+        if mini % micro:
+            raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
+        key, perm_key = jax.random.split(jax.random.wrap_key_data(state.rng))
+        perms = jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(perm_key, cfg.ppo_epochs)])
+        order = perms.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
+
+        def minibatch_step(carry, index):
+            params, opt_state, critic_params, critic_opt_state, stopped, skipped = carry
+            micro_batches = jax.tree.map(lambda x: x[index], batch)  # [A, micro, ...]
+            denominator = losses.loss_denominator(micro_batches["response_mask"].reshape(mini, -1), cfg.loss_agg_mode)
+            loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator)
+            grad_norm = optax.global_norm(grads)
+            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            if cfg.target_kl is not None:
+                stopped = stopped | (metrics["approx_kl_k3"] > cfg.target_kl)
+            apply = finite & ~stopped
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            params = _apply_if(apply, optax.apply_updates(params, updates), params)
+            opt_state = _apply_if(apply, new_opt_state, opt_state)
+            metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
+            if has_critic:
+                v_loss, v_grads, v_metrics = _accumulate(critic_objective, critic_params, micro_batches, denominator)
+                v_norm = optax.global_norm(v_grads)
+                v_apply = jnp.isfinite(v_loss) & jnp.isfinite(v_norm) & ~stopped
+                v_updates, new_v_opt = critic_optimizer.update(v_grads, critic_opt_state, critic_params)
+                critic_params = _apply_if(v_apply, optax.apply_updates(critic_params, v_updates), critic_params)
+                critic_opt_state = _apply_if(v_apply, new_v_opt, critic_opt_state)
+                metrics.update(v_metrics, value_grad_norm=v_norm)
+                finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
+            skipped = skipped + (~finite).astype(jnp.int32)
+            metrics["applied"] = apply.astype(jnp.float32)
+            return (params, opt_state, critic_params, critic_opt_state, stopped, skipped), metrics
+
+        init = (
+            state.params,
+            state.opt_state,
+            state.critic_params,
+            state.critic_opt_state,
+            jnp.zeros((), bool),
+            jnp.zeros((), jnp.int32),
+        )
+        (params, opt_state, critic_params, critic_opt_state, stopped, skipped), per_step = jax.lax.scan(
+            minibatch_step, init, order
+        )
+        metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+        metrics["early_stopped"] = stopped.astype(jnp.float32)
+        metrics["skipped_updates"] = skipped.astype(jnp.float32)
+        new_state = state.replace(
+            params=params,
+            opt_state=opt_state,
+            critic_params=critic_params,
+            critic_opt_state=critic_opt_state,
+            step=state.step + 1,
+            rng=jax.random.key_data(key),
+            policy_version=state.policy_version + 1,
+            skipped_updates=state.skipped_updates + skipped,
+        )
+        return new_state, metrics
+
+    return jax.jit(update, donate_argnums=(0,) if donate else ())
+
+
+def compute_logprobs_fn(graphdef, temperature: float = 1.0) -> Callable:
+    """Jitted `(params, input_ids, attention_mask) -> [N, L] log-probs` (old / reference / proximal log-probs)."""
+
+    @jax.jit
+    def fn(params, input_ids, attention_mask):
+        return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature)[0]
+
+    return fn
+
+
+def compute_values_fn(critic_graphdef) -> Callable:
+    """Jitted `(critic_params, input_ids, attention_mask) -> [N, L]` aligned values."""
+    return jax.jit(functools.partial(critic_values, critic_graphdef))
+
+
+Metrics = Dict[str, Any]
