@@ -1,10 +1,19 @@
-"""The default configuration.
+"""The default configuration: the offline run, and every option a recipe may set.
 
-Pass it to a script with `--config mathrl_jax/configs/default.py` and override
-any field from the command line, e.g. `--config.mesh.tp=2`.
+`python scripts/train.py` with no arguments uses it: the tiny Qwen-architecture
+model (written into the run directory, random weights), procedural arithmetic,
+the pure-JAX sampler, on the CPU. A short supervised warm-start brings the
+model to where sampling finds some correct answers; GRPO then does the rest.
+
+Every recipe file (`configs/<name>.py`) starts from `get_config()` here and
+changes fields, so this file is the one place that lists every option and its
+default. Override any field on the command line: `--config.lr=1e-5`,
+`--config.mesh.tp=2`.
 """
 
 import ml_collections
+
+placeholder = ml_collections.config_dict.placeholder
 
 
 def mesh_config(dp: int = 1, fsdp: int = -1, tp: int = 1) -> ml_collections.ConfigDict:
@@ -14,13 +23,91 @@ def mesh_config(dp: int = 1, fsdp: int = -1, tp: int = 1) -> ml_collections.Conf
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
+    config.algorithm_name = "grpo"  # grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo
+    config.seed = 0
+    config.run_dir = "runs/default"
+    config.resume = True  # continue from the latest checkpoint in run_dir/checkpoints if there is one
+
+    # --- model -------------------------------------------------------------------------
+    config.model_name_or_path = ""  # a local HF checkpoint; "" = the tiny offline model (written to run_dir)
+    config.prm_model_name_or_path = ""  # a local PRM checkpoint (stepwise rewards); "" = none
+    config.param_dtype = "float32"
+    config.dtype = "float32"
+    config.remat = False
+
+    # --- data --------------------------------------------------------------------------
+    config.dataset_name = "arithmetic"  # arithmetic, or a layout: auto math500 gsm8k areal_boba
+    config.dataset_path = ""  # JSONL / parquet / datasets dir (not for arithmetic)
+    config.eval_dataset_path = ""  # "" = a held-out split of the training source
+    config.arithmetic = ml_collections.ConfigDict(
+        {"levels": (1, 2), "num_train": 4000, "num_eval": 200, "question_format": "{expr}="}
+    )
+    config.prompt_template = "plain"  # plain boxed verl_boxed r1_zero chat chat_plain
+    config.max_prompt_length = 16
+    config.num_eval_problems = 200
+
+    # --- rollout -----------------------------------------------------------------------
+    config.sampler = "jax"  # jax | vllm
+    config.n_rollout_threads = 32  # prompts per iteration
+    config.group_size = 8  # samples per prompt (GRPO's G)
+    config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)
+    config.max_new_tokens = 12
+    config.temperature = 1.0
+    config.top_p = 1.0
+    config.top_k = 0
+    config.num_iterations = 60
+    config.num_env_steps = 0  # if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)
+
+    # --- reward ------------------------------------------------------------------------
+    config.reward = ml_collections.ConfigDict(
+        {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0, "format_reward": 0.0, "timeout_s": 5.0, "num_workers": 2}
+    )
+
+    # --- update ------------------------------------------------------------------------
+    config.ppo_epoch = 1
+    config.num_mini_batch = 2
+    config.micro_batch_size = 0  # 0 = the whole minibatch
+    config.lr = 2e-4
+    config.critic_lr = 1e-3
+    config.lr_schedule = "constant"  # constant linear cosine
+    config.warmup_steps = 0
+    config.weight_decay = 0.0
+    config.max_grad_norm = 1.0
+    config.clip_low = 0.2
+    config.clip_high = placeholder(float)  # None = clip_low; DAPO: 0.28
+    config.clip_c = placeholder(float)  # dual clip
+    config.loss_agg_mode = "token-mean"
+    config.entropy_coef = 0.0
+    config.kl_coef = 0.0  # KL to the reference, in the loss
+    config.kl_kind = "k3"
+    config.kl_reward_coef = 0.0  # KL to the reference, in the reward (PPO family)
+    config.gamma = 1.0
+    config.lam = 0.95
+    config.target_kl = placeholder(float)  # OpenR approx-KL early stop (0.02)
+    config.step_separator = "\n"  # APPO / TPPO actions end at this token
+    config.dapo = ml_collections.ConfigDict(
+        {"success_rate_lb": 0.0, "success_rate_ub": 1.0, "overlong_buffer_len": 0, "overlong_penalty_factor": 1.0}
+    )
+    config.max_head_offpolicyness = 0  # async_ppo: how many versions a rollout may lag
+    config.behaviour_weight_cap = placeholder(float)
+
+    # --- supervised warm-start (before RL, same command) ----------------------------------
+    config.warmstart = ml_collections.ConfigDict({"steps": 300, "batch_size": 64, "lr": 3e-3})
+
+    # --- logging / eval / checkpoints -------------------------------------------------------
+    config.log_interval = 1
+    config.eval_interval = 10
+    config.eval_n_samples = 0  # > 0: also pass@k with this many samples at config.temperature
+    config.save_interval = 20
+    config.max_to_keep = 2
+    config.progress = True
+
+    # --- scale -----------------------------------------------------------------------------
     # The trainer's mesh. One GPU: the defaults. One host with 8 GPUs: e.g. fsdp=-1 or
     # fsdp=4 tp=2. Several hosts: the same flags, over the devices of all hosts.
     config.mesh = mesh_config()
     # The sampler's mesh: an axis left unset follows the trainer's. E.g. data-parallel
     # decoding beside a tensor-parallel trainer: --config.sampler_mesh.dp=-1
     # --config.sampler_mesh.fsdp=1 --config.sampler_mesh.tp=1.
-    config.sampler_mesh = ml_collections.ConfigDict(
-        {axis: ml_collections.config_dict.placeholder(int) for axis in ("dp", "fsdp", "tp")}
-    )
+    config.sampler_mesh = ml_collections.ConfigDict({axis: placeholder(int) for axis in ("dp", "fsdp", "tp")})
     return config

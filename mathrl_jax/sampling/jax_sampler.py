@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any, Optional, Sequence, Union
 
 import chex
@@ -226,6 +227,9 @@ class JaxSampler:
         self.min_generation_bucket = min_generation_bucket
         self.stop_check_interval = stop_check_interval
         self._seed_rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+        # One generate at a time, and weights never swapped in the middle of one (asynchronous training
+        # calls update_weights from the learner thread while a generator thread samples).
+        self._lock = threading.RLock()
         self.update_weights(state, policy_version)
 
     # ------------------------------------------------------------------ weights
@@ -236,8 +240,9 @@ class JaxSampler:
             from mathrl_jax.sharding.rules import shard_tree
 
             state = shard_tree(state, self.mesh, self.rules)
-        self.state = state
-        self.policy_version = int(version)
+        with self._lock:
+            self.state = state
+            self.policy_version = int(version)
 
     # ------------------------------------------------------------------ host side
 
@@ -272,6 +277,10 @@ class JaxSampler:
 
     def generate(self, prompts: Sequence[Union[str, Sequence[int]]], params: SamplingParams) -> Rollouts:
         """Samples `params.n` completions per prompt (token ids, or strings with a tokenizer)."""
+        with self._lock:
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts, params: SamplingParams) -> Rollouts:
         if not prompts:
             raise ValueError("generate() got no prompts")
         if params.stop and self.tokenizer is None:

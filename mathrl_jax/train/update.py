@@ -196,7 +196,7 @@ def make_update_fn(
             micro_batches = jax.tree.map(lambda x: x[index], batch)  # [A, micro, ...]
             denominator = losses.loss_denominator(micro_batches["response_mask"].reshape(mini, -1), cfg.loss_agg_mode)
             loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator)
-            grad_norm = optax.global_norm(grads)
+            grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             if cfg.target_kl is not None:
                 stopped = stopped | (metrics["approx_kl_k3"] > cfg.target_kl)
@@ -207,7 +207,7 @@ def make_update_fn(
             metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
             if has_critic:
                 v_loss, v_grads, v_metrics = _accumulate(critic_objective, critic_params, micro_batches, denominator)
-                v_norm = optax.global_norm(v_grads)
+                v_norm = optax.tree.norm(v_grads)
                 v_apply = jnp.isfinite(v_loss) & jnp.isfinite(v_norm) & ~stopped
                 v_updates, new_v_opt = critic_optimizer.update(v_grads, critic_opt_state, critic_params)
                 critic_params = _apply_if(v_apply, optax.apply_updates(critic_params, v_updates), critic_params)

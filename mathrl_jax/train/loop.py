@@ -1,0 +1,660 @@
+"""The synchronous training loop: the public pieces composed as a user would.
+
+One iteration:
+
+    problems (data loader) ─► prompts ─► Sampler.generate (n per prompt)
+      ─► rewards (math grader; DAPO shaping / filtering)
+      ─► old / reference log-probs, critic values (jitted forwards)
+      ─► advantages (train/rollout.py) ─► update (train/update.py)
+      ─► Sampler.update_weights(params, version) ─► metrics, eval, checkpoint
+
+`build_run(config)` checks the whole config and every input it names before it
+writes anything; `train(config)` runs the loop. Both raise `TrainingError` for
+bad input, with a message naming the bad value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import threading
+import time
+import zlib
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from mathrl_jax import sharding
+from mathrl_jax.data import arithmetic, prompts, sources
+from mathrl_jax.models import hf, qwen, tiny, value_head
+from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
+from mathrl_jax.sampling import JaxSampler, SamplingParams
+from mathrl_jax.train import rollout as rollout_lib
+from mathrl_jax.train import sft, state as state_lib, update as update_lib
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.evaluation import evaluate
+from mathrl_jax.train.metrics import MetricsLogger, Progress
+
+
+RewardFn = Callable[[List[str], List[str]], Any]
+
+
+class TrainingError(ValueError):
+    """Bad input to a training run (config, data, model path, mesh); the message names it."""
+
+
+# ----------------------------------------------------------------------------- config checks
+
+LOSS_OF_ALGORITHM = {"async_ppo": "decoupled"}
+DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba")
+
+
+def _fail(message: str):
+    raise TrainingError(message)
+
+
+def validate_config(config) -> None:
+    """Every check that needs no file: names, ranges, divisibility."""
+    c = config
+    if c.algorithm_name not in rollout_lib.ALGORITHMS:
+        _fail(f"unknown algorithm_name {c.algorithm_name!r}; expected one of {', '.join(rollout_lib.ALGORITHMS)}")
+    if c.sampler not in ("jax", "vllm"):
+        _fail(f"unknown sampler {c.sampler!r}; expected 'jax' or 'vllm'")
+    if c.dataset_name != "arithmetic" and c.dataset_name not in DATASET_LAYOUTS:
+        _fail(f"unknown dataset_name {c.dataset_name!r}; expected 'arithmetic' or a layout {DATASET_LAYOUTS}")
+    if c.dataset_name != "arithmetic" and not c.dataset_path:
+        _fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
+    if c.prompt_template not in prompts.TEMPLATE_NAMES:
+        _fail(f"unknown prompt_template {c.prompt_template!r}; expected one of {prompts.TEMPLATE_NAMES}")
+    positive = ("n_rollout_threads", "group_size", "episode_length", "max_new_tokens", "ppo_epoch", "num_mini_batch",
+                "max_prompt_length", "log_interval")
+    for name in positive:
+        if int(c[name]) < 1:
+            _fail(f"{name}={c[name]} must be >= 1")
+    for name in ("num_iterations", "num_env_steps", "eval_interval", "save_interval", "micro_batch_size",
+                 "max_head_offpolicyness", "eval_n_samples"):
+        if int(c[name]) < 0:
+            _fail(f"{name}={c[name]} must be >= 0")
+    rows = c.n_rollout_threads * c.group_size
+    if rows % c.num_mini_batch:
+        _fail(f"n_rollout_threads * group_size = {rows} rows do not split into num_mini_batch={c.num_mini_batch}")
+    mini = rows // c.num_mini_batch
+    if c.micro_batch_size and mini % c.micro_batch_size:
+        _fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
+    if c.lr <= 0 or c.critic_lr <= 0:
+        _fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
+    if not 0.0 < c.temperature or not 0.0 < c.top_p <= 1.0:
+        _fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")
+    if c.algorithm_name in rollout_lib.GROUP_ALGORITHMS and c.group_size < 2:
+        _fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
+    if c.algorithm_name == "reinforce_rebn" and c.episode_length > 1:
+        _fail("multi-turn reinforce_rebn runs through the env loop (not yet in scripts/train.py); use episode_length=1")
+    if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:
+        _fail(f"unknown loss_agg_mode {c.loss_agg_mode!r}; expected one of {update_lib.losses.LOSS_AGG_MODES}")
+    if c.lr_schedule not in state_lib.SCHEDULES:
+        _fail(f"unknown lr_schedule {c.lr_schedule!r}; expected one of {state_lib.SCHEDULES}")
+    try:
+        sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
+    except (sharding.MeshError, ValueError) as error:
+        _fail(f"bad mesh {c.mesh.to_dict()}: {error}")
+
+
+def num_iterations(config) -> int:
+    """`num_iterations`, or `num_env_steps` over the samples one iteration takes."""
+    if config.num_env_steps:
+        per_iteration = config.n_rollout_threads * config.group_size * config.episode_length
+        return max(1, math.ceil(config.num_env_steps / per_iteration))
+    return int(config.num_iterations)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+class TextCodec:
+    """Encode / decode with a local Hugging Face tokenizer, without adding special tokens."""
+
+    def __init__(self, directory: str):
+        import transformers
+
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except Exception as error:  # transformers raises OSError / ValueError for a missing or broken tokenizer
+            _fail(f"no usable tokenizer in {directory!r}: {error}")
+        tok = self.tokenizer
+        self.eos_token_id = tok.eos_token_id
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if self.eos_token_id is None:
+            _fail(f"the tokenizer in {directory!r} has no eos token")
+
+    def encode(self, text: str) -> List[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+class SerialGrader:
+    """A `MathGrader` shared by the generator thread and evaluation: one batch at a time."""
+
+    def __init__(self, grader: MathGrader):
+        self.grader = grader
+        self.lock = threading.Lock()
+
+    def grade_batch(self, responses, golds):
+        with self.lock:
+            return self.grader.grade_batch(responses, golds)
+
+    def rewards(self, responses, golds):
+        with self.lock:
+            return self.grader.rewards(responses, golds)
+
+    def close(self):
+        self.grader.close()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_data(config):
+    """(train problems, eval problems); raises TrainingError naming the file / field on bad data."""
+    if config.dataset_name == "arithmetic":
+        a = config.arithmetic
+        train, held_out = arithmetic.arithmetic_train_eval(
+            a.num_train, a.num_eval, seed=config.seed, levels=tuple(a.levels), question_format=a.question_format
+        )
+        return train, held_out[: config.num_eval_problems]
+    for name in ("dataset_path", "eval_dataset_path"):
+        path = config[name]
+        if path and not os.path.exists(path):
+            _fail(f"{name} {path!r} does not exist (all data is read from local paths)")
+    try:
+        problems = sources.load_problems(config.dataset_path, config.dataset_name)
+        if config.eval_dataset_path:
+            held_out = sources.load_problems(config.eval_dataset_path, config.dataset_name)
+        else:
+            order = sources.shuffled_order(len(problems), config.seed, 0)
+            count = min(config.num_eval_problems, len(problems) // 10 or 1)
+            held_out = [problems[i] for i in order[:count]]
+            problems = [problems[i] for i in order[count:]]
+    except sources.DataError as error:
+        _fail(str(error))
+    if not problems:
+        _fail(f"dataset {config.dataset_path!r} has no training problems left")
+    return problems, held_out[: config.num_eval_problems]
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Run:
+    config: Any
+    run_dir: str
+    codec: TextCodec
+    graphdef: Any
+    state: state_lib.TrainState
+    ref_params: Any
+    critic_graphdef: Any
+    sampler: Any
+    grader: MathGrader
+    loader: sources.ProblemLoader
+    eval_prompts: List[List[int]]
+    eval_golds: List[str]
+    update: Callable
+    logprobs: Callable
+    values: Optional[Callable]
+    checkpointer: Checkpointer
+    logger: MetricsLogger
+    mesh: Any
+    total_iterations: int
+    start_iteration: int
+    warmstart_metrics: Dict[str, float]
+    reward_fn: Optional[RewardFn] = None  # (texts, golds) -> (scores [N], metrics); default: the math grader
+    data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
+
+
+def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
+    out = []
+    for problem in problems:
+        text = prompts.format_prompt(problem.question, config.prompt_template, tokenizer=codec.tokenizer)
+        ids = codec.encode(text)
+        if len(ids) > config.max_prompt_length:
+            _fail(
+                f"problem {problem.uid!r} has a {len(ids)}-token prompt, over max_prompt_length="
+                f"{config.max_prompt_length}; raise it or filter the data"
+            )
+        out.append(ids)
+    return out
+
+
+def _write_atomically(directory: str, write: Callable[[str], None]) -> None:
+    """Writes a directory through a temporary sibling and a rename, so a crash never leaves half of it."""
+    tmp = directory + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    os.replace(tmp, directory)
+
+
+def _model_dir(config, run_dir: str) -> str:
+    if config.model_name_or_path:
+        return config.model_name_or_path
+    directory = os.path.join(run_dir, "initial_model")
+    if not os.path.isdir(directory):
+        _write_atomically(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
+    return directory
+
+
+def _check_model_path(config) -> None:
+    path = config.model_name_or_path
+    if path:
+        if not os.path.isdir(path):
+            _fail(f"model_name_or_path {path!r} is not a local directory (no downloads: give a local checkpoint)")
+        try:
+            qwen.QwenConfig.from_pretrained(path)
+        except (qwen.ConfigError, OSError, ValueError) as error:
+            _fail(f"model_name_or_path {path!r}: {error}")
+
+
+def _greedy_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n_samples=0) -> Dict[str, float]:
+    return evaluate(
+        sampler, eval_prompts, eval_golds, grader, codec.decode, max_new_tokens=config.max_new_tokens,
+        n_samples=n_samples, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+    )
+
+
+def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds):
+    """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
+    directory = os.path.join(run_dir, "warmstart_model")
+    if config.warmstart.steps <= 0:
+        return model_dir, {}
+    if os.path.isdir(directory):
+        return directory, {}
+    model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
+    before = _greedy_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
+    examples = sft.sft_examples(train_problems, codec, codec.eos_token_id)
+    start = time.time()
+    new_state = sft.supervised_warmstart(
+        model, examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
+        learning_rate=config.warmstart.lr, seed=config.seed, pad_id=codec.pad_token_id, log_fn=None,
+    )
+    seconds = time.time() - start
+    warm = nnx.merge(nnx.graphdef(model), new_state)
+    after = _greedy_accuracy(config, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
+
+    def write(d):
+        hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
+
+    _write_atomically(directory, write)
+    metrics = {
+        "warmstart/eval_accuracy_before": before["eval/accuracy"],
+        "warmstart/eval_accuracy_after": after["eval/accuracy"],
+        "warmstart/seconds": seconds,
+        "warmstart/steps": float(config.warmstart.steps),
+    }
+    return directory, metrics
+
+
+def build_run(config) -> Run:
+    """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
+    validate_config(config)
+    train_problems, eval_problems = load_data(config)
+    _check_model_path(config)
+    if config.prm_model_name_or_path and not os.path.isdir(config.prm_model_name_or_path):
+        _fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
+    if config.sampler == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            _fail("sampler='vllm' needs vllm (pip install -e '.[vllm]' on a GPU machine); use sampler='jax'")
+    if config.model_name_or_path:
+        TextCodec(config.model_name_or_path)  # a missing tokenizer fails before anything is written
+    # From here on the run directory is written.
+    run_dir = config.run_dir
+    os.makedirs(run_dir, exist_ok=True)
+    model_dir = _model_dir(config, run_dir)
+    codec = TextCodec(model_dir)
+    eval_prompts = _prompt_ids(config, codec, eval_problems)
+    eval_golds = [p.answer for p in eval_problems]
+    _prompt_ids(config, codec, train_problems[:1000])  # fail now, not at iteration 500, on a too-long prompt
+    grader = SerialGrader(
+        MathGrader(
+            RewardValues(
+                config.reward.correct, config.reward.incorrect, config.reward.no_answer, config.reward.format_reward
+            ),
+            timeout_s=config.reward.timeout_s,
+            num_workers=config.reward.num_workers,
+        )
+    )
+    sampler_args = dict(eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
+    start_dir, warm_metrics = _warmstart(
+        config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
+    )
+
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+    model = hf.load_model(start_dir, param_dtype=config.param_dtype, dtype=config.dtype, remat=config.remat)
+    rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
+    graphdef, params = nnx.split(model)
+    params = sharding.shard_tree(params, mesh, rules)
+    total = num_iterations(config)
+    alg = config.algorithm_name
+    needs_critic = alg in rollout_lib.CRITIC_ALGORITHMS
+    optimizer = state_lib.make_optimizer(
+        config.lr, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+        total_steps=total * config.ppo_epoch * config.num_mini_batch, weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+    )
+    critic_graphdef = critic_params = critic_optimizer = None
+    if needs_critic:
+        critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
+        critic_graphdef, critic_params = nnx.split(critic)
+        critic_params = sharding.shard_tree(critic_params, mesh, rules)
+        critic_optimizer = state_lib.make_optimizer(config.critic_lr, max_grad_norm=config.max_grad_norm)
+    state = state_lib.create_train_state(
+        params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
+    )
+    needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
+    ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
+    update_cfg = update_lib.UpdateConfig(
+        ppo_epochs=config.ppo_epoch,
+        num_mini_batches=config.num_mini_batch,
+        micro_batch_size=config.micro_batch_size or None,
+        policy_loss=LOSS_OF_ALGORITHM.get(alg, "ppo"),
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        clip_c=config.clip_c,
+        behaviour_weight_cap=config.behaviour_weight_cap,
+        loss_agg_mode=config.loss_agg_mode,
+        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
+        entropy_coef=config.entropy_coef,
+        kl_coef=config.kl_coef,
+        kl_kind=config.kl_kind,
+        target_kl=config.target_kl,
+        temperature=config.temperature,
+    )
+    update = update_lib.make_update_fn(
+        graphdef, optimizer, update_cfg, critic_graphdef=critic_graphdef, critic_optimizer=critic_optimizer
+    )
+    loader = sources.ProblemLoader(train_problems, seed=config.seed)
+    checkpointer = Checkpointer(
+        os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
+    )
+    start_iteration = 0
+    if config.resume and checkpointer.latest_step() is not None:
+        state, metadata = checkpointer.restore(state)
+        loader.restore(metadata["data"])
+        start_iteration = int(metadata["iteration"])
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2, default=str)
+    sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
+    sampler.update_weights(state.params, int(state.policy_version))
+    return Run(
+        config=config, run_dir=run_dir, codec=codec, graphdef=graphdef, state=state, ref_params=ref_params,
+        critic_graphdef=critic_graphdef, sampler=sampler, grader=grader, loader=loader, eval_prompts=eval_prompts,
+        eval_golds=eval_golds, update=update, logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature),
+        values=update_lib.compute_values_fn(critic_graphdef) if needs_critic else None, checkpointer=checkpointer,
+        logger=MetricsLogger(run_dir), mesh=mesh, total_iterations=total, start_iteration=start_iteration,
+        warmstart_metrics=warm_metrics,
+    )
+
+
+def _make_sampler(config, model_dir, model, codec, sampler_args):
+    if config.sampler == "vllm":
+        from mathrl_jax.sampling.vllm_sampler import VllmSampler
+
+        return VllmSampler(model_dir, config=model.config, dtype=config.dtype, seed=config.seed)
+    sampler_mesh = sharding.follow_mesh(config.sampler_mesh.to_dict(), config.mesh.to_dict())
+    mesh = sharding.make_mesh(sampler_mesh) if jax.device_count() > 1 else None
+    return JaxSampler(model, mesh=mesh, **sampler_args)
+
+
+def iteration_seed(config, iteration: int) -> int:
+    """The sampling seed of an iteration: a function of (seed, iteration), so a resumed run samples the same."""
+    return zlib.crc32(f"{config.seed}:{iteration}".encode()) & 0x7FFFFFFF
+
+
+def collect(run: Run, iteration: int):
+    """Samples and grades one iteration's rollouts; returns (rollouts, problems, scores, reward metrics)."""
+    c = run.config
+    problems = run.loader.next_batch(c.n_rollout_threads)
+    prompt_ids = _prompt_ids(c, run.codec, problems)
+    params = SamplingParams(
+        n=c.group_size, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
+        seed=iteration_seed(c, iteration),
+    )
+    rollouts = run.sampler.generate(prompt_ids, params)
+    golds = [p.answer for p in problems for _ in range(c.group_size)]
+    texts = rollouts.texts or [run.codec.decode(ids) for ids in rollouts.completion_ids]
+    reward_fn = run.reward_fn or run.grader.rewards
+    scores, reward_metrics = reward_fn(texts, golds)
+    return rollouts, problems, np.asarray(scores, np.float32), reward_metrics
+
+
+def prepare_batch(run: Run, rollouts, scores: np.ndarray, *, params=None) -> Dict[str, Any]:
+    """The update's batch: padded arrays, recomputed old / reference log-probs, values, advantages."""
+    c = run.config
+    params = run.state.params if params is None else params
+    correct = scores >= c.reward.correct if c.reward.correct > c.reward.incorrect else scores > 0
+    lengths = rollouts.completion_lengths
+    row_mask = np.ones(len(rollouts), np.float32)
+    metrics: Dict[str, float] = {}
+    if c.algorithm_name == "dapo":
+        scores = scores + rollout_lib.overlong_penalty(
+            lengths, max_new_tokens=c.max_new_tokens, buffer_len=c.dapo.overlong_buffer_len,
+            penalty_factor=c.dapo.overlong_penalty_factor,
+        )
+        keep = rollout_lib.dapo_group_filter(
+            correct.astype(np.float32), rollouts.prompt_indices, success_rate_lb=c.dapo.success_rate_lb,
+            success_rate_ub=c.dapo.success_rate_ub,
+        )
+        row_mask = keep.astype(np.float32)
+        metrics["dapo/kept_fraction"] = float(keep.mean())
+    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=c.max_prompt_length + c.max_new_tokens)
+    arrays.pop("prompt_length")
+    sampler_logprobs = arrays.pop("sampler_logprobs")
+    batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
+    with _mesh(run):
+        old = run.logprobs(params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+        ref = None
+        if run.ref_params is not None:
+            ref = run.logprobs(run.ref_params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+        values = None
+        if run.values is not None:
+            values = run.values(run.state.critic_params, batch["input_ids"], batch["attention_mask"])
+    if c.algorithm_name == "async_ppo":  # decoupled: behaviour = the sampler's, proximal = the learner's now
+        batch["old_logprobs"] = jnp.asarray(arrays["old_logprobs"])
+        batch["proximal_logprobs"] = old
+    else:
+        batch["old_logprobs"] = old
+    if ref is not None:
+        batch["ref_logprobs"] = ref
+    separator_ids = run.codec.encode(c.step_separator) if c.step_separator else []
+    advantages = rollout_lib.compute_advantages(
+        c.algorithm_name, batch, jnp.asarray(scores), group_ids=jnp.asarray(rollouts.prompt_indices),
+        num_groups=int(rollouts.prompt_indices.max()) + 1, row_mask=jnp.asarray(row_mask), values=values,
+        ref_logprobs=ref, kl_reward_coef=c.kl_reward_coef, gamma=c.gamma, lam=c.lam,
+        separator_ids=separator_ids[-1:], max_actions=max(8, c.max_new_tokens),
+    )
+    batch.update(advantages)
+    plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
+    mask = np.asarray(batch["response_mask"]) > 0
+    if plain_sampling and mask.any():  # sampler vs trainer log-probs of the same tokens: a health check
+        metrics["rollout/sampler_logprob_diff"] = float(np.abs(np.asarray(old) - sampler_logprobs)[mask].mean())
+    return batch, metrics
+
+
+@contextlib.contextmanager
+def _mesh(run: Run):
+    if run.mesh is not None and run.mesh.size > 1:
+        with jax.set_mesh(run.mesh):
+            yield
+    else:
+        yield
+
+
+RENAMES = {
+    "policy_loss": "train/policy_loss",
+    "entropy": "train/entropy_loss",
+    "kl": "train/kl",
+    "approx_kl_k3": "train/approx_kl",
+    "clip_fraction": "train/clip_fraction",
+    "ratio_mean": "train/importance_weight",
+    "ratio_max": "train/importance_weight_max",
+    "grad_norm": "train/grad_norm",
+    "value_loss": "train/value_loss",
+    "value_grad_norm": "train/value_grad_norm",
+    "early_stopped": "train/early_stopped",
+    "skipped_updates": "train/skipped_updates",
+    "loss": "train/loss",
+}
+
+
+@dataclasses.dataclass
+class Collected:
+    """One iteration's graded rollouts, and the data position after drawing their prompts."""
+
+    rollouts: Any
+    scores: np.ndarray
+    reward_metrics: Dict[str, float]
+    data_state: Dict[str, int]
+    generate_seconds: float
+
+
+class SyncRollouts:
+    """Rollouts made when asked, with the current weights: the synchronous loop."""
+
+    def __init__(self, run: "Run"):
+        self.run = run
+
+    def get(self, iteration: int) -> Collected:
+        start = time.perf_counter()
+        rollouts, _, scores, reward_metrics = collect(self.run, iteration)
+        return Collected(rollouts, scores, reward_metrics, self.run.loader.state(), time.perf_counter() - start)
+
+    def updated(self, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
+    """One iteration (see the module docstring); updates `run.state` and the sampler's weights."""
+    start = time.perf_counter()
+    got = (source or SyncRollouts(run)).get(iteration)
+    rollouts, scores, reward_metrics = got.rollouts, got.scores, got.reward_metrics
+    run.data_state = got.data_state
+    waited = time.perf_counter() - start
+    staleness = int(run.state.policy_version) - rollouts.policy_version
+    if staleness > run.config.max_head_offpolicyness:
+        raise RuntimeError(
+            f"iteration {iteration}: rollouts of version {rollouts.policy_version} are {staleness} versions old, over "
+            f"max_head_offpolicyness={run.config.max_head_offpolicyness}"
+        )
+    batch, batch_metrics = prepare_batch(run, rollouts, scores)
+    with _mesh(run):
+        run.state, update_metrics = run.update(run.state, batch)
+    update_metrics = jax.device_get(update_metrics)
+    run.sampler.update_weights(run.state.params, int(run.state.policy_version))
+    if source is not None:
+        source.updated(int(run.state.policy_version))
+    done = time.perf_counter()
+    lengths = rollouts.completion_lengths
+    tokens = int(lengths.sum())
+    metrics = {
+        "rollout/rewards": float(np.mean(scores)),
+        "rollout/accuracy": reward_metrics.get("reward/accuracy", float("nan")),
+        "rollout/response_length": float(lengths.mean()),
+        "rollout/truncated_fraction": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
+        "rollout/no_answer_rate": reward_metrics.get("reward/no_answer_rate", float("nan")),
+        "rollout/grader_timeouts": reward_metrics.get("reward/timeout_count", 0.0),
+        "perf/step_time": done - start,
+        "perf/generate_time": got.generate_seconds,
+        "perf/wait_time": waited,
+        "perf/tokens_per_second": tokens / max(done - start, 1e-9),
+        "async/staleness": float(staleness),
+        "async/policy_version": float(rollouts.policy_version),
+        "train/lr_step": float(run.state.step),
+        **batch_metrics,
+    }
+    for key, value in update_metrics.items():
+        metrics[RENAMES.get(key, f"train/{key}")] = float(value)
+    return metrics
+
+
+def save(run: Run, iteration: int, *, force: bool = False) -> bool:
+    metadata = {"data": run.data_state or run.loader.state(), "iteration": iteration}
+    return run.checkpointer.save(iteration, run.state, metadata, force=force)
+
+
+def run_eval(run: Run) -> Dict[str, float]:
+    c = run.config
+    return _greedy_accuracy(c, run.sampler, run.codec, run.grader, run.eval_prompts, run.eval_golds, c.eval_n_samples)
+
+
+def train(
+    config,
+    *,
+    on_metrics: Optional[Callable[[int, Dict[str, float]], None]] = None,
+    reward_fn: Optional[RewardFn] = None,
+) -> Dict[str, Any]:
+    """Runs (or resumes) a training run; returns a summary with the eval curve and the final state.
+
+    `reward_fn(texts, golds) -> (scores, metrics)` replaces the math grader's
+    rewards (e.g. a custom verifier); `on_metrics(iteration, metrics)` sees every
+    iteration's metrics.
+    """
+    run = build_run(config)
+    run.reward_fn = reward_fn
+    c = config
+    source = SyncRollouts(run)
+    if c.algorithm_name == "async_ppo":
+        from mathrl_jax.train.async_loop import AsyncRollouts
+
+        source = AsyncRollouts(run)
+    summary: Dict[str, Any] = {"warmstart": run.warmstart_metrics, "eval": []}
+    progress = Progress(
+        run.total_iterations, initial_step=run.start_iteration,
+        keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"), disable=not c.progress,
+    )
+    try:
+        if run.warmstart_metrics:
+            run.logger.log(0, run.warmstart_metrics)
+            progress.write(
+                "warm-start: greedy eval accuracy {:.3f} -> {:.3f} in {:.0f} s".format(
+                    run.warmstart_metrics["warmstart/eval_accuracy_before"],
+                    run.warmstart_metrics["warmstart/eval_accuracy_after"], run.warmstart_metrics["warmstart/seconds"],
+                )
+            )
+        if run.start_iteration == 0 and c.eval_interval:
+            metrics = run_eval(run)
+            run.logger.log(0, metrics)
+            summary["eval"].append((0, metrics["eval/accuracy"]))
+            progress.update(0, metrics)
+        for iteration in range(run.start_iteration + 1, run.total_iterations + 1):
+            metrics = train_iteration(run, iteration, source)
+            if c.eval_interval and (iteration % c.eval_interval == 0 or iteration == run.total_iterations):
+                metrics.update(run_eval(run))
+                summary["eval"].append((iteration, metrics["eval/accuracy"]))
+            if iteration % c.log_interval == 0 or "eval/accuracy" in metrics:
+                run.logger.log(iteration, metrics)
+            progress.update(iteration, metrics)
+            if on_metrics is not None:
+                on_metrics(iteration, metrics)
+            if run.checkpointer.should_save(iteration) or iteration == run.total_iterations:
+                save(run, iteration, force=iteration == run.total_iterations)
+        summary["state"] = run.state
+        summary["final_iteration"] = run.total_iterations
+    finally:
+        source.close()
+        progress.close()
+        run.checkpointer.close()
+        run.logger.close()
+        run.grader.close()
+    return summary

@@ -1,0 +1,194 @@
+"""The jitted update: exact micro-batch accumulation, the optimizer step count, non-finite skips,
+the approx-KL early stop, the critic update; and the per-algorithm advantages of train/rollout.py."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from mathrl_jax import losses
+from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
+from mathrl_jax.train import rollout
+from mathrl_jax.train.state import create_train_state, learning_rate_schedule, make_optimizer
+from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, compute_values_fn, make_update_fn
+
+CONFIG = tiny_config(num_hidden_layers=1)
+N, L = 8, 10
+
+
+@functools.lru_cache(maxsize=None)
+def split_policy():
+    return nnx.split(QwenForCausalLM(CONFIG, rngs=nnx.Rngs(0)))
+
+
+def make_batch(seed=0):
+    graphdef, params = split_policy()
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, CONFIG.vocab_size, (N, L)).astype(np.int32)
+    attention = np.ones((N, L), np.int32)
+    attention[1, :3] = 0  # left padding
+    response = np.zeros((N, L), np.float32)
+    response[:, 5:] = 1.0
+    response[2, 8:] = 0.0  # a short response
+    old = compute_logprobs_fn(graphdef)(params, ids, attention) * response
+    advantages = rng.normal(size=(N, 1)).astype(np.float32) * response
+    return {
+        "input_ids": jnp.asarray(ids),
+        "attention_mask": jnp.asarray(attention),
+        "response_mask": jnp.asarray(response),
+        "old_logprobs": old + 0.05 * jnp.asarray(rng.normal(size=(N, L)), jnp.float32) * response,
+        "advantages": jnp.asarray(advantages),
+        "ref_logprobs": old,
+    }
+
+
+def run_update(cfg, batch, optimizer=None, state=None):
+    graphdef, params = split_policy()
+    optimizer = optimizer or make_optimizer(1e-2, max_grad_norm=None)
+    state = state or create_train_state(params, optimizer, seed=0)
+    return make_update_fn(graphdef, optimizer, cfg, donate=False)(state, batch)
+
+
+def assert_trees_close(a, b, **kw):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kw)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batch_accumulation_is_exact(mode):
+    batch = make_batch()
+    # Plain SGD: the params move by exactly -grad, so equal params mean equal gradients (Adam's first step,
+    # lr * g / |g|, would amplify rounding noise of gradients near 0).
+    sgd = optax.sgd(1.0)
+    whole, m1 = run_update(UpdateConfig(num_mini_batches=2, loss_agg_mode=mode, kl_coef=0.1), batch, sgd)
+    cfg = UpdateConfig(num_mini_batches=2, micro_batch_size=1, loss_agg_mode=mode, kl_coef=0.1)
+    micro, m2 = run_update(cfg, batch, sgd)
+    assert_trees_close(whole.params, micro.params, atol=2e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+
+
+def test_epochs_times_minibatches_optimizer_steps_and_version():
+    optimizer = make_optimizer(1e-2, max_grad_norm=1.0)
+    state, metrics = run_update(UpdateConfig(ppo_epochs=3, num_mini_batches=2), make_batch(), optimizer)
+    adam_state = state.opt_state[1][0]  # chain(clip, adamw): adamw's scale_by_adam state
+    assert int(adam_state.count) == 6
+    assert int(state.step) == 1 and int(state.policy_version) == 1
+    assert metrics["applied"] == 1.0 and metrics["skipped_updates"] == 0.0
+
+
+def test_non_finite_loss_skips_the_step_without_touching_params():
+    batch = make_batch()
+    batch["advantages"] = batch["advantages"].at[0, 6].set(jnp.nan)
+    graphdef, params = split_policy()
+    optimizer = make_optimizer(1e-2)
+    state = create_train_state(params, optimizer, seed=0)
+    new_state, metrics = run_update(UpdateConfig(num_mini_batches=1), batch, optimizer, state)
+    assert int(new_state.skipped_updates) == 1 and metrics["applied"] == 0.0
+    for a, b in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params, new_state.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_approx_kl_guard_stops_the_remaining_minibatches():
+    batch = make_batch()
+    batch["old_logprobs"] = batch["old_logprobs"] - 1.0 * batch["response_mask"]  # far from the current policy
+    graphdef, params = split_policy()
+    optimizer = make_optimizer(1e-2)
+    state = create_train_state(params, optimizer, seed=0)
+    new_state, metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=0.02), batch, optimizer, state)
+    assert metrics["early_stopped"] == 1.0 and metrics["applied"] == 0.0
+    assert_trees_close(state.params, new_state.params, atol=0)
+    kept, kept_metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=1e6), batch, optimizer, state)
+    assert kept_metrics["applied"] == 1.0
+
+
+def test_critic_update_fits_returns():
+    graphdef, params = split_policy()
+    critic_graphdef, critic_params = nnx.split(QwenCritic(CONFIG, rngs=nnx.Rngs(1)))
+    batch = make_batch()
+    values = compute_values_fn(critic_graphdef)
+    returns = batch["response_mask"] * 0.7
+    batch.update(returns=returns, old_values=values(critic_params, batch["input_ids"], batch["attention_mask"]))
+    optimizer, critic_optimizer = make_optimizer(1e-3), make_optimizer(3e-2)
+    state = create_train_state(params, optimizer, seed=0, critic_params=critic_params, critic_optimizer=critic_optimizer)
+    update = make_update_fn(
+        graphdef, optimizer, UpdateConfig(value_clip=None), critic_graphdef=critic_graphdef,
+        critic_optimizer=critic_optimizer, donate=False,
+    )
+    first = None
+    for _ in range(15):
+        state, metrics = update(state, batch)
+        first = metrics["value_loss"] if first is None else first
+    assert metrics["value_loss"] < 0.2 * first
+
+
+def test_learning_rate_schedules():
+    schedule = learning_rate_schedule(1.0, schedule="cosine", warmup_steps=4, total_steps=14)
+    np.testing.assert_allclose([schedule(i) for i in (0, 2, 4, 9, 14)], [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
+    linear = learning_rate_schedule(2.0, schedule="linear", total_steps=10)
+    np.testing.assert_allclose([linear(0), linear(5), linear(10)], [2.0, 1.0, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="schedule 'step'"):
+        learning_rate_schedule(1.0, schedule="step")
+
+
+# ----------------------------------------------------------------------------- advantages
+
+
+def test_last_token_rewards_and_action_indices():
+    mask = jnp.asarray([[0, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]], jnp.float32)
+    rewards = rollout.last_token_rewards(jnp.asarray([2.0, 5.0, -1.0]), mask)
+    np.testing.assert_array_equal(rewards, [[0, 0, 0, 2, 0], [0, 0, 0, 0, 0], [0, -1, 0, 0, 0]])
+    ids = jnp.asarray([[9, 4, 7, 4, 5, 5]])
+    index = rollout.action_index_from_separators(ids, jnp.ones((1, 6)), [4])
+    np.testing.assert_array_equal(index, [[0, 0, 1, 1, 2, 2]])  # a separator ends its own step
+
+
+def test_dapo_filter_and_overlong_penalty_formulas():
+    scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    keep = rollout.dapo_group_filter(np.where(np.arange(8) < 2, 1.0, scores), groups)
+    np.testing.assert_array_equal(keep, [False, False, True, True, False, False, True, True])
+    penalty = rollout.overlong_penalty(np.array([10, 12, 14, 16]), max_new_tokens=16, buffer_len=4, penalty_factor=2.0)
+    np.testing.assert_allclose(penalty, [0.0, 0.0, -1.0, -2.0])
+
+
+def numpy_gae(rewards, values, gamma, lam):
+    adv, running = np.zeros(len(rewards)), 0.0
+    for t in reversed(range(len(rewards))):
+        next_value = values[t + 1] if t + 1 < len(rewards) else 0.0
+        running = rewards[t] + gamma * next_value - values[t] + gamma * lam * running
+        adv[t] = running
+    return adv
+
+
+def test_action_level_gae_matches_a_per_action_numpy_recursion():
+    rng = np.random.default_rng(0)
+    index = jnp.asarray([[0, 0, 0, 1, 1, 2, 2, 2, 0, 0]])
+    mask = jnp.asarray([[1, 1, 1, 1, 1, 1, 1, 1, 0, 0]], jnp.float32)
+    values = jnp.asarray(rng.normal(size=(1, 10)), jnp.float32)
+    token_rewards = rollout.last_token_rewards(jnp.asarray([1.5]), mask)
+    adv, ret, value_mask = rollout.action_level_gae(
+        token_rewards, values, index, mask, max_actions=4, gamma=0.9, lam=0.8
+    )
+    action_values = np.asarray(values)[0, [0, 3, 5]]
+    expected = numpy_gae(np.array([0.0, 0.0, 1.5]), action_values, 0.9, 0.8)
+    np.testing.assert_allclose(np.asarray(adv)[0, :8], np.repeat(expected, [3, 2, 3]), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ret)[0, :8], np.repeat(expected + action_values, [3, 2, 3]), rtol=1e-5)
+    np.testing.assert_array_equal(value_mask, [[1, 0, 0, 1, 0, 1, 0, 0, 0, 0]])
+
+
+def test_group_advantages_respect_the_row_mask():
+    batch = {"response_mask": jnp.ones((4, 3)), "input_ids": jnp.zeros((4, 3), jnp.int32)}
+    scores = jnp.asarray([1.0, 0.0, 1.0, 1.0])
+    out = rollout.compute_advantages(
+        "grpo", batch, scores, group_ids=jnp.asarray([0, 0, 1, 1]), num_groups=2, row_mask=jnp.asarray([1, 1, 0, 0])
+    )
+    expected = losses.group_relative_advantages(scores[:2], jnp.asarray([0, 0]), num_groups=1)
+    np.testing.assert_allclose(out["advantages"][:2, 0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(out["advantages"][2:], 0.0)
+    np.testing.assert_array_equal(out["response_mask"][2:], 0.0)
+    with pytest.raises(ValueError, match="algorithm 'sft'"):
+        rollout.compute_advantages("sft", batch, scores)
