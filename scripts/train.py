@@ -29,12 +29,15 @@ def parse_config(argv):
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", default=DEFAULT_CONFIG, help_string="a mathrl_jax config file")
     try:
+        # Defining the flag already reads the `--config.key` overrides from sys.argv.
+        config_flags.DEFINE_config_file("config", default=DEFAULT_CONFIG, help_string="a mathrl_jax config file")
         flags.FLAGS(argv)
     except flags.Error as error:
         fail(str(error).replace("\n", " "))
-    except (KeyError, AttributeError, TypeError, ValueError) as error:
+    except (KeyError, AttributeError) as error:
+        fail(f"--config has no key {str(error).strip(chr(34))} (see mathrl_jax/configs/default.py for every key)")
+    except (TypeError, ValueError) as error:
         fail(f"bad --config override: {error}")
     try:
         return flags.FLAGS.config
