@@ -59,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_env_steps = 0  # if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)
 
     # --- reward ------------------------------------------------------------------------
+    config.reward_source = "verifier"  # verifier | prm | prm+verifier (PRM step scores on action ends)
+    config.prm = ml_collections.ConfigDict({"step_tag": "ки", "candidate_tokens": ("+", "-")})
+    config.env_name = ""  # "" = single-turn problems; guess_number = GEM's multi-turn game (reinforce_rebn)
     config.reward = ml_collections.ConfigDict(
         {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0, "format_reward": 0.0, "timeout_s": 5.0, "num_workers": 2}
     )

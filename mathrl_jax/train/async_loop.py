@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 
-from mathrl_jax.train.loop import Collected, Run, collect
+from mathrl_jax.train.loop import Collected, Run, collect, prm_action_rewards
 
 
 class AsyncRollouts:
@@ -46,9 +46,11 @@ class AsyncRollouts:
                 if self.stopping.is_set():
                     return
                 start = time.perf_counter()
-                rollouts, _, scores, reward_metrics = collect(self.run, iteration)
+                rollouts, problems, scores, reward_metrics = collect(self.run, iteration)
+                action_rewards = prm_action_rewards(self.run, rollouts, problems)
+                seconds = time.perf_counter() - start
                 self.results.put(
-                    Collected(rollouts, scores, reward_metrics, self.run.loader.state(), time.perf_counter() - start)
+                    Collected(rollouts, scores, reward_metrics, self.run.loader.state(), seconds, action_rewards)
                 )
         except BaseException as error:  # surfaced in the learner thread
             self.results.put(error)

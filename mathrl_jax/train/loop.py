@@ -52,7 +52,7 @@ class TrainingError(ValueError):
 
 # ----------------------------------------------------------------------------- config checks
 
-LOSS_OF_ALGORITHM = {"async_ppo": "decoupled"}
+LOSS_OF_ALGORITHM = {"async_ppo": "decoupled", "reinforce_rebn": "reinforce"}
 DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba")
 
 
@@ -82,9 +82,10 @@ def validate_config(config) -> None:
                  "max_head_offpolicyness", "eval_n_samples"):
         if int(c[name]) < 0:
             _fail(f"{name}={c[name]} must be >= 0")
-    rows = c.n_rollout_threads * c.group_size
+    rows = c.n_rollout_threads * (c.episode_length if c.env_name else c.group_size)
     if rows % c.num_mini_batch:
-        _fail(f"n_rollout_threads * group_size = {rows} rows do not split into num_mini_batch={c.num_mini_batch}")
+        _fail(f"{rows} rows per iteration (n_rollout_threads x group_size, or x episode_length for envs) do not split "
+              f"into num_mini_batch={c.num_mini_batch}")
     mini = rows // c.num_mini_batch
     if c.micro_batch_size and mini % c.micro_batch_size:
         _fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
@@ -92,10 +93,18 @@ def validate_config(config) -> None:
         _fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
     if not 0.0 < c.temperature or not 0.0 < c.top_p <= 1.0:
         _fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")
+    if c.env_name and c.group_size != 1:
+        _fail(f"env_name={c.env_name!r}: one episode per environment, so group_size must be 1 (got {c.group_size})")
     if c.algorithm_name in rollout_lib.GROUP_ALGORITHMS and c.group_size < 2:
         _fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
-    if c.algorithm_name == "reinforce_rebn" and c.episode_length > 1:
-        _fail("multi-turn reinforce_rebn runs through the env loop (not yet in scripts/train.py); use episode_length=1")
+    if c.env_name and c.algorithm_name != "reinforce_rebn":
+        _fail(f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', not {c.algorithm_name!r}")
+    if c.reward_source not in ("verifier", "prm", "prm+verifier"):
+        _fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")
+    if "prm" in c.reward_source and not c.prm_model_name_or_path:
+        _fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
+    if c.env_name not in ("", "guess_number"):
+        _fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn problems) or 'guess_number'")
     if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:
         _fail(f"unknown loss_agg_mode {c.loss_agg_mode!r}; expected one of {update_lib.losses.LOSS_AGG_MODES}")
     if c.lr_schedule not in state_lib.SCHEDULES:
@@ -218,6 +227,7 @@ class Run:
     warmstart_metrics: Dict[str, float]
     reward_fn: Optional[RewardFn] = None  # (texts, golds) -> (scores [N], metrics); default: the math grader
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
+    prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
 
 
 def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
@@ -359,6 +369,7 @@ def build_run(config) -> Run:
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
+    state = place_state(state, mesh, rules)
     needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
     ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
     update_cfg = update_lib.UpdateConfig(
@@ -378,8 +389,11 @@ def build_run(config) -> Run:
         target_kl=config.target_kl,
         temperature=config.temperature,
     )
+    # The asynchronous generator samples with the params the learner is updating: donating them to the update
+    # would free buffers another thread is reading.
     update = update_lib.make_update_fn(
-        graphdef, optimizer, update_cfg, critic_graphdef=critic_graphdef, critic_optimizer=critic_optimizer
+        graphdef, optimizer, update_cfg, critic_graphdef=critic_graphdef, critic_optimizer=critic_optimizer,
+        donate=alg != "async_ppo",
     )
     loader = sources.ProblemLoader(train_problems, seed=config.seed)
     checkpointer = Checkpointer(
@@ -394,13 +408,40 @@ def build_run(config) -> Run:
         json.dump(config.to_dict(), f, indent=2, default=str)
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
+    prm = None
+    if "prm" in config.reward_source:
+        from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
+
+        prm_config = PRMConfig(
+            step_tag=config.prm.step_tag, candidate_tokens=tuple(config.prm.candidate_tokens),
+            step_separator=config.step_separator, reward_mode="steps",
+        )
+        prm = ProcessRewardModel.from_pretrained(config.prm_model_name_or_path, prm_config)
     return Run(
         config=config, run_dir=run_dir, codec=codec, graphdef=graphdef, state=state, ref_params=ref_params,
         critic_graphdef=critic_graphdef, sampler=sampler, grader=grader, loader=loader, eval_prompts=eval_prompts,
         eval_golds=eval_golds, update=update, logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature),
         values=update_lib.compute_values_fn(critic_graphdef) if needs_critic else None, checkpointer=checkpointer,
         logger=MetricsLogger(run_dir), mesh=mesh, total_iterations=total, start_iteration=start_iteration,
-        warmstart_metrics=warm_metrics,
+        warmstart_metrics=warm_metrics, prm=prm,
+    )
+
+
+def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainState:
+    """Every leaf on the mesh: params and optimizer states by the partition rules, scalars replicated.
+
+    Done before a restore too, so restored leaves land on the same shardings (the checkpoint takes the
+    target's) and the jitted update sees one device set.
+    """
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def put(tree):
+        return None if tree is None else jax.device_put(tree, sharding.tree_shardings(tree, mesh, rules))
+
+    return state.replace(
+        params=put(state.params), opt_state=put(state.opt_state), critic_params=put(state.critic_params),
+        critic_opt_state=put(state.critic_opt_state),
+        **{k: jax.device_put(getattr(state, k), replicated) for k in ("step", "rng", "policy_version", "skipped_updates")},
     )
 
 
@@ -436,13 +477,39 @@ def collect(run: Run, iteration: int):
     return rollouts, problems, np.asarray(scores, np.float32), reward_metrics
 
 
-def prepare_batch(run: Run, rollouts, scores: np.ndarray, *, params=None) -> Dict[str, Any]:
+def prm_action_rewards(run: Run, rollouts, problems) -> Optional[np.ndarray]:
+    """`[N, A]` PRM scores of each completion's reasoning steps (OpenR), or None without a PRM.
+
+    Steps are the completion split at `step_separator`, as the PRM sees them; the
+    trainer's actions are the same split in token space (`action_index_from_separators`).
+    """
+    if run.prm is None:
+        return None
+    c = run.config
+    texts = rollouts.texts or [run.codec.decode(ids) for ids in rollouts.completion_ids]
+    questions = [p.question for p in problems for _ in range(c.group_size)]
+    steps = [run.prm.split_steps(t) or [t] for t in texts]
+    scores = run.prm.step_scores(questions, steps)
+    out = np.zeros((len(texts), max_actions(c)), np.float32)
+    for row, row_scores in enumerate(scores):
+        row_scores = np.nan_to_num(np.asarray(row_scores, np.float32)[: out.shape[1]])
+        out[row, : len(row_scores)] = row_scores
+    return out
+
+
+def max_actions(config) -> int:
+    return max(8, config.episode_length)
+
+
+def prepare_batch(
+    run: Run, rollouts, scores: np.ndarray, *, params=None, action_rewards=None, row_advantages=None, row_mask=None
+) -> Dict[str, Any]:
     """The update's batch: padded arrays, recomputed old / reference log-probs, values, advantages."""
     c = run.config
     params = run.state.params if params is None else params
     correct = scores >= c.reward.correct if c.reward.correct > c.reward.incorrect else scores > 0
     lengths = rollouts.completion_lengths
-    row_mask = np.ones(len(rollouts), np.float32)
+    row_mask = np.ones(len(rollouts), np.float32) if row_mask is None else np.asarray(row_mask, np.float32)
     metrics: Dict[str, float] = {}
     if c.algorithm_name == "dapo":
         scores = scores + rollout_lib.overlong_penalty(
@@ -474,12 +541,19 @@ def prepare_batch(run: Run, rollouts, scores: np.ndarray, *, params=None) -> Dic
         batch["old_logprobs"] = old
     if ref is not None:
         batch["ref_logprobs"] = ref
+    if row_advantages is not None:  # the source made them (multi-turn ReBN)
+        response_mask = batch["response_mask"] * jnp.asarray(row_mask)[:, None]
+        batch.update(
+            response_mask=response_mask,
+            advantages=update_lib.losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask),
+        )
+        return batch, metrics
     separator_ids = run.codec.encode(c.step_separator) if c.step_separator else []
     advantages = rollout_lib.compute_advantages(
         c.algorithm_name, batch, jnp.asarray(scores), group_ids=jnp.asarray(rollouts.prompt_indices),
         num_groups=int(rollouts.prompt_indices.max()) + 1, row_mask=jnp.asarray(row_mask), values=values,
         ref_logprobs=ref, kl_reward_coef=c.kl_reward_coef, gamma=c.gamma, lam=c.lam,
-        separator_ids=separator_ids[-1:], max_actions=max(8, c.max_new_tokens),
+        separator_ids=separator_ids[-1:], max_actions=max_actions(c), action_rewards=action_rewards,
     )
     batch.update(advantages)
     plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
@@ -524,6 +598,9 @@ class Collected:
     reward_metrics: Dict[str, float]
     data_state: Dict[str, int]
     generate_seconds: float
+    action_rewards: Optional[np.ndarray] = None  # [N, A] PRM step scores (reward_source with "prm")
+    row_advantages: Optional[np.ndarray] = None  # [N] per-row advantages made by the source (multi-turn ReBN)
+    row_mask: Optional[np.ndarray] = None  # [N] 1 on rows that count
 
 
 class SyncRollouts:
@@ -534,8 +611,11 @@ class SyncRollouts:
 
     def get(self, iteration: int) -> Collected:
         start = time.perf_counter()
-        rollouts, _, scores, reward_metrics = collect(self.run, iteration)
-        return Collected(rollouts, scores, reward_metrics, self.run.loader.state(), time.perf_counter() - start)
+        rollouts, problems, scores, reward_metrics = collect(self.run, iteration)
+        action_rewards = prm_action_rewards(self.run, rollouts, problems)
+        return Collected(
+            rollouts, scores, reward_metrics, self.run.loader.state(), time.perf_counter() - start, action_rewards
+        )
 
     def updated(self, version: int) -> None:
         pass
@@ -557,7 +637,11 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
             f"iteration {iteration}: rollouts of version {rollouts.policy_version} are {staleness} versions old, over "
             f"max_head_offpolicyness={run.config.max_head_offpolicyness}"
         )
-    batch, batch_metrics = prepare_batch(run, rollouts, scores)
+    if "verifier" not in run.config.reward_source:
+        scores = np.zeros_like(scores)  # step rewards only
+    batch, batch_metrics = prepare_batch(
+        run, rollouts, scores, action_rewards=got.action_rewards, row_advantages=got.row_advantages, row_mask=got.row_mask
+    )
     with _mesh(run):
         run.state, update_metrics = run.update(run.state, batch)
     update_metrics = jax.device_get(update_metrics)
@@ -614,7 +698,11 @@ def train(
     run.reward_fn = reward_fn
     c = config
     source = SyncRollouts(run)
-    if c.algorithm_name == "async_ppo":
+    if c.env_name:
+        from mathrl_jax.train.multiturn import EnvRollouts
+
+        source = EnvRollouts(run)
+    elif c.algorithm_name == "async_ppo":
         from mathrl_jax.train.async_loop import AsyncRollouts
 
         source = AsyncRollouts(run)

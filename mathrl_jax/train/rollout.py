@@ -152,6 +152,7 @@ def compute_advantages(
     lam: float = 0.95,
     separator_ids: Sequence[int] = (),
     max_actions: int = 32,
+    action_rewards: Optional[jax.Array] = None,
     whiten: bool = True,
 ) -> Dict[str, jax.Array]:
     """Advantages (and, with a critic, returns and the value mask) for `algorithm`.
@@ -164,6 +165,9 @@ def compute_advantages(
       values: `[N, L]` critic values aligned like the log-probs (critic algorithms).
       ref_logprobs: `[N, L]` with `kl_reward_coef > 0`: KL to the reference in the reward.
       separator_ids: tokens that end a reasoning step (APPO / TPPO actions).
+      action_rewards: optional `[N, max_actions]` per-step rewards (a PRM's step
+        scores), placed on each step's last token in addition to `scores` on the
+        last response token (pass zero scores for step rewards only).
 
     Returns:
       dict with advantages `[N, L]` and response_mask `[N, L]` (row_mask applied);
@@ -188,6 +192,10 @@ def compute_advantages(
     if values is None:
         raise ValueError(f"algorithm {algorithm!r} needs critic values")
     token_rewards = last_token_rewards(scores, response_mask)
+    index = action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
+    if action_rewards is not None:
+        ends = losses.action_ends_from_index(index, response_mask)
+        token_rewards = token_rewards + losses.scatter_action_rewards(jnp.asarray(action_rewards), index, ends)
     if kl_reward_coef:
         token_rewards, _ = losses.kl_penalized_rewards(
             token_rewards,
@@ -202,7 +210,6 @@ def compute_advantages(
     if algorithm == "ppo":
         adv, ret = losses.gae_advantages(token_rewards, values, response_mask, gamma=gamma, lam=lam)
     else:
-        index = action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
         if algorithm == "tppo":
             ends = losses.action_ends_from_index(index, response_mask)
             adv, ret = losses.action_decomposed_gae(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)

@@ -6,8 +6,8 @@ hundred supervised steps on "3+5=" -> "\\boxed{8}<|im_end|>" teach the format an
 part of the arithmetic; RL then has to supply the rest (its gain is reported
 separately from this phase's).
 
-Loss (the standard causal-LM SFT objective, e.g. verl's `SFTTrainer`, OpenRLHF's
-`SFTLoss`): with `m[b, c] = 1` on target tokens,
+Loss (the causal-LM SFT objective of verl's `trainer/fsdp_sft_trainer.py`:
+`sum(loss * loss_mask) / (sum(loss_mask) + 1e-8)`): with `m[b, c] = 1` on target tokens,
 
     L = - sum_{b, c} m[b, c] log p(x[b, c] | x[b, < c]) / (sum_{b, c} m[b, c] + eps)
 
@@ -38,7 +38,7 @@ from mathrl_jax.losses import masked_mean, token_logprobs_from_logits
 
 Example = Tuple[List[int], List[int]]
 LogFn = Callable[[int, Dict[str, float]], None]
-EvalFn = Callable[[int, nnx.State], None]
+EvalFn = Callable[[int, nnx.State], Optional[bool]]
 
 SCHEDULES = ("cosine", "constant")
 BOXED_COMPLETION = "\\boxed{{{answer}}}"
@@ -268,6 +268,11 @@ def _check_positive(name: str, value, allow_zero: bool = False) -> None:
         raise ValueError(f"{name}={value!r}: expected a {'non-negative' if allow_zero else 'positive'} number")
 
 
+def _check_int(name: str, value, minimum: int, note: str = "") -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}{note}")
+
+
 def example_order(num_examples: int, steps: int, batch_size: int, seed: int) -> np.ndarray:
     """`[steps, batch_size]` example indices: epochs of random permutations, read in order.
 
@@ -275,13 +280,14 @@ def example_order(num_examples: int, steps: int, batch_size: int, seed: int) -> 
     takes items `s * batch_size ... (s + 1) * batch_size - 1` of the concatenated
     epochs, so every example is seen once per epoch and the order depends on the seed only.
     """
+    _check_int("num_examples", num_examples, 1)
+    _check_int("steps", steps, 0)
+    _check_int("batch_size", batch_size, 1)
     total = steps * batch_size
-    epochs = -(-total // num_examples)
-    key = jax.random.key(seed)
-    order = np.concatenate(
-        [np.asarray(jax.random.permutation(jax.random.fold_in(key, e), num_examples)) for e in range(epochs)]
-    )
-    return order[:total].reshape(steps, batch_size)
+    epochs = max(-(-total // num_examples), 1)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(epochs))
+    order = jax.vmap(lambda k: jax.random.permutation(k, num_examples))(keys)
+    return np.asarray(order).reshape(-1)[:total].reshape(steps, batch_size)
 
 
 def supervised_warmstart(
@@ -329,7 +335,9 @@ def supervised_warmstart(
       log_fn: the logging callback; None logs nothing (and never syncs the host).
       eval_every, eval_fn: `eval_fn(step, state)` runs with the model state after
         steps eval_every, 2 eval_every, ... (0: never), e.g. to measure greedy
-        accuracy along the way; it must not keep references it later mutates.
+        accuracy along the way. If it returns True, training stops there and that
+        state is returned (early stopping at a target accuracy: use
+        `schedule="constant"`, since a cosine schedule is laid out over `steps`).
 
     Returns:
       The trained `nnx.State` of the model: `nnx.update(model, state)` or
@@ -344,16 +352,11 @@ def supervised_warmstart(
             raise ValueError(
                 f"model must be an nnx.Module or a (graphdef, state) pair, got {type(model).__name__}"
             ) from None
-    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(f"steps={steps!r}: expected a non-negative integer")
-    if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected a positive integer")
-    if not isinstance(log_every, (int, np.integer)) or isinstance(log_every, bool) or log_every < 1:
-        raise ValueError(f"log_every={log_every!r}: expected a positive integer")
-    if not isinstance(eval_every, (int, np.integer)) or isinstance(eval_every, bool) or eval_every < 0:
-        raise ValueError(f"eval_every={eval_every!r}: expected a non-negative integer (0: never)")
-    if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps!r}: expected a non-negative integer")
+    _check_int("steps", steps, 0)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("warmup_steps", warmup_steps, 0)
+    _check_int("log_every", log_every, 1)
+    _check_int("eval_every", eval_every, 0, " (0: never)")
     _check_positive("learning_rate", learning_rate)
     _check_positive("weight_decay", weight_decay, allow_zero=True)
     _check_positive("final_lr_fraction", final_lr_fraction, allow_zero=True)
@@ -377,7 +380,7 @@ def supervised_warmstart(
 
     optimizer_args = (
         float(learning_rate),
-        int(steps),
+        int(steps) if schedule == "cosine" else 0,  # a constant schedule does not depend on it: one compile
         int(warmup_steps),
         schedule,
         float(final_lr_fraction),
@@ -400,5 +403,6 @@ def supervised_warmstart(
         if log_fn is not None and (done % log_every == 0 or done == steps):
             log_fn(done, {k: float(v) for k, v in jax.device_get(metrics).items()})
         if eval_fn is not None and eval_every and done % eval_every == 0:
-            eval_fn(done, nnx.state(nnx.merge(split_graphdef, params, rest)))
+            if eval_fn(done, nnx.state(nnx.merge(split_graphdef, params, rest))) is True:
+                break
     return nnx.state(nnx.merge(split_graphdef, params, rest))

@@ -1,0 +1,122 @@
+"""Multi-turn rollouts from GEM-style environments, with ReBN advantages (GEM's REINFORCE).
+
+Each iteration plays one episode in each of `n_rollout_threads` environments
+for at most `episode_length` turns. At every turn the policy sees the whole
+conversation so far (observations as user turns, its earlier actions as
+assistant turns, through the tokenizer's chat template or plain newlines) and
+writes one action. Every turn is one training row (its prompt is the
+conversation before it, its completion the action); the turn's advantage is
+ReBN's: per-turn discounted return with `gamma`, normalised over all turns of
+the batch (`losses.rebn_advantages`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from mathrl_jax import losses
+from mathrl_jax.envs import GuessTheNumberEnv, VectorEnv, run_episodes
+from mathrl_jax.sampling import Rollouts, SamplingParams
+
+ENVS = {"guess_number": GuessTheNumberEnv}
+
+
+def conversation_prompt(codec, episode, template: str) -> str:
+    """The text the policy continues at the episode's next turn."""
+    if template.startswith("chat"):
+        messages = []
+        for i, observation in enumerate(episode.observations):
+            messages.append({"role": "user", "content": observation})
+            if i < len(episode.actions):
+                messages.append({"role": "assistant", "content": episode.actions[i]})
+        return codec.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = []
+    for i, observation in enumerate(episode.observations):
+        parts.append(observation)
+        if i < len(episode.actions):
+            parts.append(episode.actions[i])
+    return "\n".join(parts) + "\n"
+
+
+class EnvRollouts:
+    """A rollout source that plays multi-turn episodes; rows are turns, padded to a fixed count."""
+
+    def __init__(self, run):
+        self.run = run
+        c = run.config
+        self.env_fn = ENVS[c.env_name]
+        self.rows = c.n_rollout_threads * c.episode_length  # fixed: one compiled update
+
+    def get(self, iteration: int):
+        from mathrl_jax.train.loop import Collected, iteration_seed
+
+        run, c = self.run, self.run.config
+        start = time.perf_counter()
+        vector_env = VectorEnv([self.env_fn for _ in range(c.n_rollout_threads)])
+        turns: Dict[int, List] = {}
+        versions = []
+
+        def policy(episodes):
+            prompts = []
+            for episode in episodes:
+                ids = run.codec.encode(conversation_prompt(run.codec, episode, c.prompt_template))
+                prompts.append(ids[-c.max_prompt_length :])  # keep the latest context within the budget
+            params = SamplingParams(
+                n=1, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
+                seed=iteration_seed(c, iteration * 1000 + len(versions)),
+            )
+            out = run.sampler.generate(prompts, params)
+            versions.append(out.policy_version)
+            texts = out.texts or [run.codec.decode(ids) for ids in out.completion_ids]
+            for row, episode in enumerate(episodes):
+                turns.setdefault(id(episode), []).append(
+                    (prompts[row], out.completion_ids[row], out.logprobs[row], out.policy_logprobs[row])
+                )
+            return texts
+
+        seeds = [iteration_seed(c, iteration) + e for e in range(c.n_rollout_threads)]
+        episodes = run_episodes(vector_env, policy, seeds, c.episode_length)
+        turn_rewards = np.zeros((len(episodes), c.episode_length), np.float32)
+        turn_mask = np.zeros_like(turn_rewards)
+        for e, episode in enumerate(episodes):
+            k = len(episode.rewards)
+            turn_rewards[e, :k] = episode.rewards
+            turn_mask[e, :k] = 1.0
+        advantages = np.asarray(losses.rebn_advantages(turn_rewards, turn_mask, gamma=c.gamma))
+        rows = {"prompt": [], "completion": [], "lp": [], "plp": [], "adv": []}
+        for e, episode in enumerate(episodes):
+            for k, (prompt, completion, lp, plp) in enumerate(turns.get(id(episode), [])[: len(episode.rewards)]):
+                for key, value in zip(rows, (prompt, completion, lp, plp, advantages[e, k])):
+                    rows[key].append(value)
+        real = len(rows["adv"])
+        for _ in range(self.rows - real):  # empty rows: no response tokens, no effect on the loss
+            for key, value in zip(rows, ([run.codec.pad_token_id], [], np.zeros(0, np.float32), np.zeros(0), 0.0)):
+                rows[key].append(value)
+        rollouts = Rollouts(
+            prompt_ids=rows["prompt"], completion_ids=rows["completion"], logprobs=rows["lp"],
+            policy_logprobs=rows["plp"], finish_reasons=["stop"] * self.rows, stop_reasons=[None] * self.rows,
+            prompt_indices=np.arange(self.rows, dtype=np.int32), policy_version=min(versions) if versions else 0,
+        )
+        returns = np.array([e.total_reward for e in episodes], np.float32)
+        metrics = {
+            "reward/accuracy": float(np.mean([bool(e.terminated and e.rewards and e.rewards[-1] > 0) for e in episodes])),
+            "rollout/episode_return": float(returns.mean()),
+            "rollout/episode_turns": float(np.mean([e.num_turns for e in episodes])),
+        }
+        row_mask = np.zeros(self.rows, np.float32)
+        row_mask[:real] = 1.0
+        scores = np.zeros(self.rows, np.float32)
+        scores[:real] = [turn_rewards[e, k] for e, ep in enumerate(episodes) for k in range(len(ep.rewards))][:real]
+        collected = Collected(rollouts, scores, metrics, run.loader.state(), time.perf_counter() - start)
+        collected.row_advantages = np.asarray(rows["adv"], np.float32)
+        collected.row_mask = row_mask
+        return collected
+
+    def updated(self, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
