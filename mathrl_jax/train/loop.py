@@ -651,6 +651,8 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
     tokens = int(lengths.sum())
+    if got.row_mask is not None:  # padded rows (multi-turn) are not responses
+        lengths = lengths[got.row_mask > 0] if (got.row_mask > 0).any() else lengths
     metrics = {
         "rollout/rewards": float(np.mean(scores)),
         "rollout/accuracy": reward_metrics.get("reward/accuracy", float("nan")),
@@ -666,6 +668,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         "async/policy_version": float(rollouts.policy_version),
         "train/lr_step": float(run.state.step),
         **batch_metrics,
+        **{k: v for k, v in reward_metrics.items() if k.startswith("rollout/")},
     }
     for key, value in update_metrics.items():
         metrics[RENAMES.get(key, f"train/{key}")] = float(value)
