@@ -28,3 +28,19 @@ def test_readme_models_example_runs(capsys):
     exec(compile(block.group(1), "README.md:models", "exec"), namespace)
     assert namespace["logits"].shape == (2, 5, 100)
     assert "(2, 5, 100)" in capsys.readouterr().out
+
+
+def test_readme_sampling_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- sampling:begin -->\n```python\n(.*?)```\n<!-- sampling:end -->", readme, re.S)
+    assert block, "README has no sampling block"
+    namespace = {}
+    exec(compile(block.group(1), "README.md:sampling", "exec"), namespace)
+    rollouts = namespace["rollouts"]
+    assert len(rollouts) == 8 and all(len(c) <= 8 for c in rollouts.completion_ids)
+
+
+def test_readme_first_command_runs_the_training_script():
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/python scripts/train.py\n" in readme
+    assert "\n.venv/bin/python -m pytest\n" in readme

@@ -104,6 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.save_interval = 20
     config.max_to_keep = 2
     config.progress = True
+    config.export_final = True  # write the final policy to run_dir/final_model (Hugging Face format)
 
     # --- scale -----------------------------------------------------------------------------
     # The trainer's mesh. One GPU: the defaults. One host with 8 GPUs: e.g. fsdp=-1 or

@@ -228,6 +228,7 @@ class Run:
     reward_fn: Optional[RewardFn] = None  # (texts, golds) -> (scores [N], metrics); default: the math grader
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
     prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
+    model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
 
 
 def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
@@ -357,7 +358,7 @@ def build_run(config) -> Run:
     needs_critic = alg in rollout_lib.CRITIC_ALGORITHMS
     optimizer = state_lib.make_optimizer(
         config.lr, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-        total_steps=total * config.ppo_epoch * config.num_mini_batch, weight_decay=config.weight_decay,
+        total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch), weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
     )
     critic_graphdef = critic_params = critic_optimizer = None
@@ -423,7 +424,7 @@ def build_run(config) -> Run:
         eval_golds=eval_golds, update=update, logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature),
         values=update_lib.compute_values_fn(critic_graphdef) if needs_critic else None, checkpointer=checkpointer,
         logger=MetricsLogger(run_dir), mesh=mesh, total_iterations=total, start_iteration=start_iteration,
-        warmstart_metrics=warm_metrics, prm=prm,
+        warmstart_metrics=warm_metrics, prm=prm, model_dir=start_dir,
     )
 
 
@@ -742,6 +743,12 @@ def train(
                 save(run, iteration, force=iteration == run.total_iterations)
         summary["state"] = run.state
         summary["final_iteration"] = run.total_iterations
+        if c.export_final and run.total_iterations > run.start_iteration:
+            final = os.path.join(run.run_dir, "final_model")
+            model_config = nnx.merge(run.graphdef, run.state.params).config
+            _write_atomically(
+                final, lambda d: hf.export_checkpoint(run.state.params, model_config, d, tokenizer_dir=run.model_dir)
+            )
     finally:
         source.close()
         progress.close()
