@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.dataset_path = ""  # JSONL / parquet / datasets dir (not for arithmetic)
     config.eval_dataset_path = ""  # "" = a held-out split of the training source
     config.arithmetic = ml_collections.ConfigDict(
-        {"levels": (1, 2), "num_train": 4000, "num_eval": 200, "question_format": "{expr}="}
+        {"levels": (2,), "num_train": 8000, "num_eval": 200, "question_format": "{expr}="}
     )
     config.prompt_template = "plain"  # plain boxed verl_boxed r1_zero chat chat_plain
     config.max_prompt_length = 16
@@ -68,12 +68,13 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- update ------------------------------------------------------------------------
     config.ppo_epoch = 1
-    config.num_mini_batch = 2
+    config.num_mini_batch = 4
     config.micro_batch_size = 0  # 0 = the whole minibatch
-    config.lr = 2e-4
+    # Small: RL starts a fresh Adam on a warm-started policy, and Adam's first steps move every weight by ~lr.
+    config.lr = 3e-5
     config.critic_lr = 1e-3
     config.lr_schedule = "constant"  # constant linear cosine
-    config.warmup_steps = 0
+    config.warmup_steps = 10
     config.weight_decay = 0.0
     config.max_grad_norm = 1.0
     config.clip_low = 0.2
@@ -95,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.behaviour_weight_cap = placeholder(float)
 
     # --- supervised warm-start (before RL, same command) ----------------------------------
-    config.warmstart = ml_collections.ConfigDict({"steps": 300, "batch_size": 64, "lr": 3e-3})
+    config.warmstart = ml_collections.ConfigDict({"steps": 1600, "batch_size": 32, "lr": 1e-3})
 
     # --- logging / eval / checkpoints -------------------------------------------------------
     config.log_interval = 1

@@ -44,7 +44,9 @@ def evaluate(
     metrics["eval/accuracy"] = float(np.mean(correct))
     metrics["eval/response_length"] = float(np.mean(lengths))
     if n_samples > 0:
-        params = SamplingParams(n=n_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+        params = SamplingParams(
+            n=n_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+        )
         per_problem = []
         step = max(1, batch_size // n_samples)
         for start in range(0, len(prompts), step):

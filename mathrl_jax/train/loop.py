@@ -37,11 +37,12 @@ from mathrl_jax.models import hf, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler, SamplingParams
 from mathrl_jax.train import rollout as rollout_lib
-from mathrl_jax.train import sft, state as state_lib, update as update_lib
+from mathrl_jax.train import sft
+from mathrl_jax.train import state as state_lib
+from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.evaluation import evaluate
 from mathrl_jax.train.metrics import MetricsLogger, Progress
-
 
 RewardFn = Callable[[List[str], List[str]], Any]
 
@@ -73,19 +74,36 @@ def validate_config(config) -> None:
         _fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
     if c.prompt_template not in prompts.TEMPLATE_NAMES:
         _fail(f"unknown prompt_template {c.prompt_template!r}; expected one of {prompts.TEMPLATE_NAMES}")
-    positive = ("n_rollout_threads", "group_size", "episode_length", "max_new_tokens", "ppo_epoch", "num_mini_batch",
-                "max_prompt_length", "log_interval")
+    positive = (
+        "n_rollout_threads",
+        "group_size",
+        "episode_length",
+        "max_new_tokens",
+        "ppo_epoch",
+        "num_mini_batch",
+        "max_prompt_length",
+        "log_interval",
+    )
     for name in positive:
         if int(c[name]) < 1:
             _fail(f"{name}={c[name]} must be >= 1")
-    for name in ("num_iterations", "num_env_steps", "eval_interval", "save_interval", "micro_batch_size",
-                 "max_head_offpolicyness", "eval_n_samples"):
+    for name in (
+        "num_iterations",
+        "num_env_steps",
+        "eval_interval",
+        "save_interval",
+        "micro_batch_size",
+        "max_head_offpolicyness",
+        "eval_n_samples",
+    ):
         if int(c[name]) < 0:
             _fail(f"{name}={c[name]} must be >= 0")
     rows = c.n_rollout_threads * (c.episode_length if c.env_name else c.group_size)
     if rows % c.num_mini_batch:
-        _fail(f"{rows} rows per iteration (n_rollout_threads x group_size, or x episode_length for envs) do not split "
-              f"into num_mini_batch={c.num_mini_batch}")
+        _fail(
+            f"{rows} rows per iteration (n_rollout_threads x group_size, or x episode_length for envs) do not split "
+            f"into num_mini_batch={c.num_mini_batch}"
+        )
     mini = rows // c.num_mini_batch
     if c.micro_batch_size and mini % c.micro_batch_size:
         _fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
@@ -98,7 +116,9 @@ def validate_config(config) -> None:
     if c.algorithm_name in rollout_lib.GROUP_ALGORITHMS and c.group_size < 2:
         _fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
     if c.env_name and c.algorithm_name != "reinforce_rebn":
-        _fail(f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', not {c.algorithm_name!r}")
+        _fail(
+            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', not {c.algorithm_name!r}"
+        )
     if c.reward_source not in ("verifier", "prm", "prm+verifier"):
         _fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
@@ -275,8 +295,16 @@ def _check_model_path(config) -> None:
 
 def _greedy_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n_samples=0) -> Dict[str, float]:
     return evaluate(
-        sampler, eval_prompts, eval_golds, grader, codec.decode, max_new_tokens=config.max_new_tokens,
-        n_samples=n_samples, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+        sampler,
+        eval_prompts,
+        eval_golds,
+        grader,
+        codec.decode,
+        max_new_tokens=config.max_new_tokens,
+        n_samples=n_samples,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
     )
 
 
@@ -292,8 +320,14 @@ def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, 
     examples = sft.sft_examples(train_problems, codec, codec.eos_token_id)
     start = time.time()
     new_state = sft.supervised_warmstart(
-        model, examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
-        learning_rate=config.warmstart.lr, seed=config.seed, pad_id=codec.pad_token_id, log_fn=None,
+        model,
+        examples,
+        steps=config.warmstart.steps,
+        batch_size=config.warmstart.batch_size,
+        learning_rate=config.warmstart.lr,
+        seed=config.seed,
+        pad_id=codec.pad_token_id,
+        log_fn=None,
     )
     seconds = time.time() - start
     warm = nnx.merge(nnx.graphdef(model), new_state)
@@ -357,8 +391,11 @@ def build_run(config) -> Run:
     alg = config.algorithm_name
     needs_critic = alg in rollout_lib.CRITIC_ALGORITHMS
     optimizer = state_lib.make_optimizer(
-        config.lr, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-        total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch), weight_decay=config.weight_decay,
+        config.lr,
+        schedule=config.lr_schedule,
+        warmup_steps=config.warmup_steps,
+        total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch),
+        weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
     )
     critic_graphdef = critic_params = critic_optimizer = None
@@ -393,7 +430,11 @@ def build_run(config) -> Run:
     # The asynchronous generator samples with the params the learner is updating: donating them to the update
     # would free buffers another thread is reading.
     update = update_lib.make_update_fn(
-        graphdef, optimizer, update_cfg, critic_graphdef=critic_graphdef, critic_optimizer=critic_optimizer,
+        graphdef,
+        optimizer,
+        update_cfg,
+        critic_graphdef=critic_graphdef,
+        critic_optimizer=critic_optimizer,
         donate=alg != "async_ppo",
     )
     loader = sources.ProblemLoader(train_problems, seed=config.seed)
@@ -414,17 +455,36 @@ def build_run(config) -> Run:
         from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
 
         prm_config = PRMConfig(
-            step_tag=config.prm.step_tag, candidate_tokens=tuple(config.prm.candidate_tokens),
-            step_separator=config.step_separator, reward_mode="steps",
+            step_tag=config.prm.step_tag,
+            candidate_tokens=tuple(config.prm.candidate_tokens),
+            step_separator=config.step_separator,
+            reward_mode="steps",
         )
         prm = ProcessRewardModel.from_pretrained(config.prm_model_name_or_path, prm_config)
     return Run(
-        config=config, run_dir=run_dir, codec=codec, graphdef=graphdef, state=state, ref_params=ref_params,
-        critic_graphdef=critic_graphdef, sampler=sampler, grader=grader, loader=loader, eval_prompts=eval_prompts,
-        eval_golds=eval_golds, update=update, logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature),
-        values=update_lib.compute_values_fn(critic_graphdef) if needs_critic else None, checkpointer=checkpointer,
-        logger=MetricsLogger(run_dir), mesh=mesh, total_iterations=total, start_iteration=start_iteration,
-        warmstart_metrics=warm_metrics, prm=prm, model_dir=start_dir,
+        config=config,
+        run_dir=run_dir,
+        codec=codec,
+        graphdef=graphdef,
+        state=state,
+        ref_params=ref_params,
+        critic_graphdef=critic_graphdef,
+        sampler=sampler,
+        grader=grader,
+        loader=loader,
+        eval_prompts=eval_prompts,
+        eval_golds=eval_golds,
+        update=update,
+        logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature),
+        values=update_lib.compute_values_fn(critic_graphdef) if needs_critic else None,
+        checkpointer=checkpointer,
+        logger=MetricsLogger(run_dir),
+        mesh=mesh,
+        total_iterations=total,
+        start_iteration=start_iteration,
+        warmstart_metrics=warm_metrics,
+        prm=prm,
+        model_dir=start_dir,
     )
 
 
@@ -440,9 +500,14 @@ def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainStat
         return None if tree is None else jax.device_put(tree, sharding.tree_shardings(tree, mesh, rules))
 
     return state.replace(
-        params=put(state.params), opt_state=put(state.opt_state), critic_params=put(state.critic_params),
+        params=put(state.params),
+        opt_state=put(state.opt_state),
+        critic_params=put(state.critic_params),
         critic_opt_state=put(state.critic_opt_state),
-        **{k: jax.device_put(getattr(state, k), replicated) for k in ("step", "rng", "policy_version", "skipped_updates")},
+        **{
+            k: jax.device_put(getattr(state, k), replicated)
+            for k in ("step", "rng", "policy_version", "skipped_updates")
+        },
     )
 
 
@@ -467,7 +532,11 @@ def collect(run: Run, iteration: int):
     problems = run.loader.next_batch(c.n_rollout_threads)
     prompt_ids = _prompt_ids(c, run.codec, problems)
     params = SamplingParams(
-        n=c.group_size, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
+        n=c.group_size,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        top_k=c.top_k,
+        max_new_tokens=c.max_new_tokens,
         seed=iteration_seed(c, iteration),
     )
     rollouts = run.sampler.generate(prompt_ids, params)
@@ -514,11 +583,15 @@ def prepare_batch(
     metrics: Dict[str, float] = {}
     if c.algorithm_name == "dapo":
         scores = scores + rollout_lib.overlong_penalty(
-            lengths, max_new_tokens=c.max_new_tokens, buffer_len=c.dapo.overlong_buffer_len,
+            lengths,
+            max_new_tokens=c.max_new_tokens,
+            buffer_len=c.dapo.overlong_buffer_len,
             penalty_factor=c.dapo.overlong_penalty_factor,
         )
         keep = rollout_lib.dapo_group_filter(
-            correct.astype(np.float32), rollouts.prompt_indices, success_rate_lb=c.dapo.success_rate_lb,
+            correct.astype(np.float32),
+            rollouts.prompt_indices,
+            success_rate_lb=c.dapo.success_rate_lb,
             success_rate_ub=c.dapo.success_rate_ub,
         )
         row_mask = keep.astype(np.float32)
@@ -551,10 +624,20 @@ def prepare_batch(
         return batch, metrics
     separator_ids = run.codec.encode(c.step_separator) if c.step_separator else []
     advantages = rollout_lib.compute_advantages(
-        c.algorithm_name, batch, jnp.asarray(scores), group_ids=jnp.asarray(rollouts.prompt_indices),
-        num_groups=int(rollouts.prompt_indices.max()) + 1, row_mask=jnp.asarray(row_mask), values=values,
-        ref_logprobs=ref, kl_reward_coef=c.kl_reward_coef, gamma=c.gamma, lam=c.lam,
-        separator_ids=separator_ids[-1:], max_actions=max_actions(c), action_rewards=action_rewards,
+        c.algorithm_name,
+        batch,
+        jnp.asarray(scores),
+        group_ids=jnp.asarray(rollouts.prompt_indices),
+        num_groups=int(rollouts.prompt_indices.max()) + 1,
+        row_mask=jnp.asarray(row_mask),
+        values=values,
+        ref_logprobs=ref,
+        kl_reward_coef=c.kl_reward_coef,
+        gamma=c.gamma,
+        lam=c.lam,
+        separator_ids=separator_ids[-1:],
+        max_actions=max_actions(c),
+        action_rewards=action_rewards,
     )
     batch.update(advantages)
     plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
@@ -641,7 +724,12 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     if "verifier" not in run.config.reward_source:
         scores = np.zeros_like(scores)  # step rewards only
     batch, batch_metrics = prepare_batch(
-        run, rollouts, scores, action_rewards=got.action_rewards, row_advantages=got.row_advantages, row_mask=got.row_mask
+        run,
+        rollouts,
+        scores,
+        action_rewards=got.action_rewards,
+        row_advantages=got.row_advantages,
+        row_mask=got.row_mask,
     )
     with _mesh(run):
         run.state, update_metrics = run.update(run.state, batch)
@@ -712,8 +800,10 @@ def train(
         source = AsyncRollouts(run)
     summary: Dict[str, Any] = {"warmstart": run.warmstart_metrics, "eval": []}
     progress = Progress(
-        run.total_iterations, initial_step=run.start_iteration,
-        keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"), disable=not c.progress,
+        run.total_iterations,
+        initial_step=run.start_iteration,
+        keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"),
+        disable=not c.progress,
     )
     try:
         if run.warmstart_metrics:
@@ -721,7 +811,8 @@ def train(
             progress.write(
                 "warm-start: greedy eval accuracy {:.3f} -> {:.3f} in {:.0f} s".format(
                     run.warmstart_metrics["warmstart/eval_accuracy_before"],
-                    run.warmstart_metrics["warmstart/eval_accuracy_after"], run.warmstart_metrics["warmstart/seconds"],
+                    run.warmstart_metrics["warmstart/eval_accuracy_after"],
+                    run.warmstart_metrics["warmstart/seconds"],
                 )
             )
         if run.start_iteration == 0 and c.eval_interval:

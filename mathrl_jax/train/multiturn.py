@@ -65,7 +65,11 @@ class EnvRollouts:
                 ids = run.codec.encode(conversation_prompt(run.codec, episode, c.prompt_template))
                 prompts.append(ids[-c.max_prompt_length :])  # keep the latest context within the budget
             params = SamplingParams(
-                n=1, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens,
+                n=1,
+                temperature=c.temperature,
+                top_p=c.top_p,
+                top_k=c.top_k,
+                max_new_tokens=c.max_new_tokens,
                 seed=iteration_seed(c, iteration * 1000 + len(versions)),
             )
             out = run.sampler.generate(prompts, params)
@@ -96,13 +100,20 @@ class EnvRollouts:
             for key, value in zip(rows, ([run.codec.pad_token_id], [], np.zeros(0, np.float32), np.zeros(0), 0.0)):
                 rows[key].append(value)
         rollouts = Rollouts(
-            prompt_ids=rows["prompt"], completion_ids=rows["completion"], logprobs=rows["lp"],
-            policy_logprobs=rows["plp"], finish_reasons=["stop"] * self.rows, stop_reasons=[None] * self.rows,
-            prompt_indices=np.arange(self.rows, dtype=np.int32), policy_version=min(versions) if versions else 0,
+            prompt_ids=rows["prompt"],
+            completion_ids=rows["completion"],
+            logprobs=rows["lp"],
+            policy_logprobs=rows["plp"],
+            finish_reasons=["stop"] * self.rows,
+            stop_reasons=[None] * self.rows,
+            prompt_indices=np.arange(self.rows, dtype=np.int32),
+            policy_version=min(versions) if versions else 0,
         )
         returns = np.array([e.total_reward for e in episodes], np.float32)
         metrics = {
-            "reward/accuracy": float(np.mean([bool(e.terminated and e.rewards and e.rewards[-1] > 0) for e in episodes])),
+            "reward/accuracy": float(
+                np.mean([bool(e.terminated and e.rewards and e.rewards[-1] > 0) for e in episodes])
+            ),
             "rollout/episode_return": float(returns.mean()),
             "rollout/episode_turns": float(np.mean([e.num_turns for e in episodes])),
         }

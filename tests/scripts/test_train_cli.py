@@ -18,7 +18,11 @@ def run_train(run_dir, *flags):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "train.py"), f"--config.run_dir={run_dir}", *flags],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -30,8 +34,14 @@ def malformed_jsonl(tmp_path):
 
 CASES = {
     "unknown algorithm": (lambda t: ["--config.algorithm_name=ppo2"], "ppo2"),
-    "missing dataset": (lambda t: ["--config.dataset_name=math500", f"--config.dataset_path={t}/none.jsonl"], "none.jsonl"),
-    "malformed jsonl": (lambda t: ["--config.dataset_name=math500", f"--config.dataset_path={malformed_jsonl(t)}"], "line 2"),
+    "missing dataset": (
+        lambda t: ["--config.dataset_name=math500", f"--config.dataset_path={t}/none.jsonl"],
+        "none.jsonl",
+    ),
+    "malformed jsonl": (
+        lambda t: ["--config.dataset_name=math500", f"--config.dataset_path={malformed_jsonl(t)}"],
+        "line 2",
+    ),
     "missing model": (lambda t: [f"--config.model_name_or_path={t}/no_model"], "no_model"),
     "bad mesh": (lambda t: ["--config.mesh.dp=3", "--config.mesh.fsdp=1"], "mesh"),
     "unknown key": (lambda t: ["--config.learning_rate=1e-5"], "learning_rate"),

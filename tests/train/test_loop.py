@@ -141,3 +141,42 @@ def test_async_never_trains_on_rollouts_older_than_allowed(eta, model_dir, tmp_p
     staleness = [m["async/staleness"] for _, m in history]
     assert max(staleness) <= eta
     assert all(s >= 0 for s in staleness)
+
+
+@pytest.mark.slow
+def test_prm_step_rewards_drive_appo(model_dir, tmp_path):
+    config = small_config(
+        model_dir,
+        tmp_path / "prm",
+        algorithm_name="appo",
+        reward_source="prm",
+        prm_model_name_or_path=model_dir,
+        step_separator="+",
+        num_iterations=2,
+    )
+    config.prm.step_tag = "@"
+    _, history = run_and_record(config, reward_fn=None)
+    assert all(np.isfinite(m["train/value_loss"]) and np.isfinite(m["train/policy_loss"]) for _, m in history)
+
+
+@pytest.mark.slow
+def test_multi_turn_guess_number_with_rebn(model_dir, tmp_path):
+    from mathrl_jax.configs import gem_guess_number
+
+    config = gem_guess_number.get_config()
+    config.update(
+        model_name_or_path=model_dir,
+        run_dir=str(tmp_path / "gem"),
+        n_rollout_threads=4,
+        episode_length=3,
+        max_new_tokens=8,
+        max_prompt_length=600,
+        num_iterations=2,
+        progress=False,
+        save_interval=0,
+        num_mini_batch=2,
+    )
+    config.reward.num_workers = 1
+    _, history = run_and_record(config, reward_fn=None)
+    assert [i for i, _ in history] == [1, 2]
+    assert all(1 <= m["rollout/episode_turns"] <= 3 for _, m in history)

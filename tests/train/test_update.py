@@ -88,7 +88,9 @@ def test_non_finite_loss_skips_the_step_without_touching_params():
     state = create_train_state(params, optimizer, seed=0)
     new_state, metrics = run_update(UpdateConfig(num_mini_batches=1), batch, optimizer, state)
     assert int(new_state.skipped_updates) == 1 and metrics["applied"] == 0.0
-    for a, b in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params, new_state.opt_state))):
+    for a, b in zip(
+        jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params, new_state.opt_state))
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -113,10 +115,16 @@ def test_critic_update_fits_returns():
     returns = batch["response_mask"] * 0.7
     batch.update(returns=returns, old_values=values(critic_params, batch["input_ids"], batch["attention_mask"]))
     optimizer, critic_optimizer = make_optimizer(1e-3), make_optimizer(3e-2)
-    state = create_train_state(params, optimizer, seed=0, critic_params=critic_params, critic_optimizer=critic_optimizer)
+    state = create_train_state(
+        params, optimizer, seed=0, critic_params=critic_params, critic_optimizer=critic_optimizer
+    )
     update = make_update_fn(
-        graphdef, optimizer, UpdateConfig(value_clip=None), critic_graphdef=critic_graphdef,
-        critic_optimizer=critic_optimizer, donate=False,
+        graphdef,
+        optimizer,
+        UpdateConfig(value_clip=None),
+        critic_graphdef=critic_graphdef,
+        critic_optimizer=critic_optimizer,
+        donate=False,
     )
     first = None
     for _ in range(15):
