@@ -61,12 +61,21 @@ def main(argv=None) -> int:
 
         sampler = VllmSampler(args.model, config=model.config)
     else:
-        sampler = JaxSampler(model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
+        sampler = JaxSampler(
+            model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec
+        )
     prompts = [codec.encode(format_prompt(p.question, args.template, tokenizer=codec.tokenizer)) for p in problems]
     with MathGrader() as grader:
         metrics = evaluate(
-            sampler, prompts, [p.answer for p in problems], grader, codec.decode, max_new_tokens=args.max_new_tokens,
-            n_samples=args.n_samples, temperature=args.temperature, seed=args.seed,
+            sampler,
+            prompts,
+            [p.answer for p in problems],
+            grader,
+            codec.decode,
+            max_new_tokens=args.max_new_tokens,
+            n_samples=args.n_samples,
+            temperature=args.temperature,
+            seed=args.seed,
         )
     metrics["problems"] = len(problems)
     print(json.dumps(metrics, indent=2))

@@ -96,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.behaviour_weight_cap = placeholder(float)
 
     # --- supervised warm-start (before RL, same command) ----------------------------------
-    config.warmstart = ml_collections.ConfigDict({"steps": 1600, "batch_size": 32, "lr": 1e-3})
+    config.warmstart = ml_collections.ConfigDict({"steps": 1200, "batch_size": 32, "lr": 1e-3, "warmup_steps": 50})
 
     # --- logging / eval / checkpoints -------------------------------------------------------
     config.log_interval = 1
