@@ -266,11 +266,19 @@ def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
 
 
 def _write_atomically(directory: str, write: Callable[[str], None]) -> None:
-    """Writes a directory through a temporary sibling and a rename, so a crash never leaves half of it."""
-    tmp = directory + ".tmp"
+    """Writes a directory through a temporary sibling and renames, so a crash never leaves half of it.
+
+    An existing directory (a resumed run's earlier export) is moved aside first and removed only after
+    the new one is in place.
+    """
+    tmp, old = directory + ".tmp", directory + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
+    if os.path.isdir(directory):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
     os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _model_dir(config, run_dir: str) -> str:
