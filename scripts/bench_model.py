@@ -18,7 +18,9 @@ any timing. Then, on the same batch and with the same number of CPU threads:
 
 Warm-up calls (JIT compilation) are excluded; each side is timed `--repeats`
 times, JAX and torch calls interleaved so that load from other processes falls
-on both, and tokens/s = B * T / median seconds.
+on both, and tokens/s = B * T / median seconds. The ratio of each repetition's
+back-to-back pair is also printed (median and range): the steadier number on a
+shared machine.
 
 Threads: `n` (default `os.cpu_count()`) is applied to both sides by restricting
 the process's CPU affinity to `n` cores before JAX starts (XLA's CPU client
@@ -37,7 +39,9 @@ Reading the numbers: run on an otherwise idle machine. When another process
 holds a core, torch's OpenMP threads stall each other (a 2-thread torch step
 was measured 3-30x slower under such load while XLA slowed far less), which
 inflates JAX / torch; the last line says how much CPU other processes used
-while timing and flags a disturbed run.
+while timing and flags a disturbed run. `--threads 1` is far less sensitive to
+such load (no thread waits for a descheduled sibling) when no idle machine is
+at hand.
 
     python scripts/bench_model.py                      # tiny Qwen2, B=8, T=256, float32
     python scripts/bench_model.py --dtype bfloat16
@@ -62,9 +66,7 @@ PRESETS = {
     # The shape of `mathrl_jax.models.tiny` (the offline checkpoint) over a 128-token vocabulary.
     "project-tiny": dict(vocab=128, hidden=128, intermediate=384, layers=4, heads=4, kv_heads=2, tie=False),
     # Qwen2.5-0.5B's shape (random weights): for GPU runs.
-    "qwen2.5-0.5b-shape": dict(
-        vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, tie=True
-    ),
+    "qwen2.5-0.5b-shape": dict(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, tie=True),
 }
 
 
@@ -87,19 +89,35 @@ def parse_args(argv=None):
     parser.add_argument("--tie-word-embeddings", choices=["true", "false"], default=None)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="compute and parameter dtype on both sides (loss in float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="compute and parameter dtype on both sides (loss in float32)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both sides (default: cpu_count)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per side before timing")
     parser.add_argument("--remat", action="store_true", help="JAX: rematerialise each decoder layer")
-    parser.add_argument("--torch-attn", choices=["sdpa", "eager"], default="sdpa",
-                        help="transformers attention implementation (default: sdpa)")
-    parser.add_argument("--schedule", choices=["interleaved", "blocked"], default="interleaved",
-                        help="interleave JAX and torch repetitions (default) or time each side in one block")
+    parser.add_argument(
+        "--torch-attn",
+        choices=["sdpa", "eager"],
+        default="sdpa",
+        help="transformers attention implementation (default: sdpa)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=["interleaved", "blocked"],
+        default="interleaved",
+        help="interleave JAX and torch repetitions (default) or time each side in one block",
+    )
     parser.add_argument("--xla-flags", default="", help="extra XLA_FLAGS for the JAX side (e.g. for experiments)")
-    parser.add_argument("--peak-tflops", type=float, default=989.0,
-                        help="device peak for the GPU MFU row (default: 989, H100 bf16 dense)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=989.0,
+        help="device peak for the GPU MFU row (default: 989, H100 bf16 dense)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="time JAX only (torch still checks parity)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny batch and few repeats: a smoke run")
@@ -221,12 +239,12 @@ def run(args):
     if args.xla_flags:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
 
+    import flax
     import jax
     import jax.numpy as jnp
     import numpy as np
     import torch
     import transformers
-    import flax
 
     transformers.utils.logging.disable_progress_bar()
     from flax import nnx
@@ -243,8 +261,11 @@ def run(args):
 
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     device = jax.devices()[0]
-    device_name = f"{backend} ({cpu_name()}, {os.cpu_count()} cpus)" if backend == "cpu" else (
-        f"{backend} ({device.device_kind}); torch on {torch_device}")
+    device_name = (
+        f"{backend} ({cpu_name()}, {os.cpu_count()} cpus)"
+        if backend == "cpu"
+        else (f"{backend} ({device.device_kind}); torch on {torch_device}")
+    )
     print(
         f"# bench_model: jax {jax.__version__}, flax {flax.__version__}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, python {platform.python_version()} | device: {device_name} | "
@@ -418,6 +439,15 @@ def run(args):
                 f"{side} {1e3 * statistics.median(times):.1f} [{1e3 * min(times):.1f} - {1e3 * max(times):.1f}]"
             )
         print(f"- {name}: " + "; ".join(parts))
+    if args.schedule == "interleaved":
+        for name, calls in passes:
+            if "torch" not in calls:  # no torch call of its own to pair with
+                continue
+            pairs = paired_ratios(results[name]["jax"], results[name]["torch"])
+            print(
+                f"- {name}: JAX / torch of each repetition (the two calls back to back), median "
+                f"{statistics.median(pairs):.2f}x [{min(pairs):.2f}x - {max(pairs):.2f}x]"
+            )
     if not time_torch and not args.no_torch:
         print(f"- torch not timed: JAX runs on {backend}, torch on {torch_device}.")
     print(f"- load average at the end: {load_average()}")
@@ -427,6 +457,11 @@ def run(args):
             f"- CPU used by other processes while timing: {100 * other:.0f}% of the machine"
             + (" (results disturbed: rerun on an idle machine)" if other > 0.1 else "")
         )
+
+
+def paired_ratios(jax_times, torch_times):
+    """torch seconds / JAX seconds of each interleaved repetition: load that hits one pair hits both calls."""
+    return [t / j for j, t in zip(jax_times, torch_times)]
 
 
 def mfu_flops_per_token(params, args, length) -> float:

@@ -204,15 +204,29 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
+def rope_tables(positions: chex.Array, head_dim: int, theta: float, dtype) -> Tuple[chex.Array, chex.Array]:
+    """(cos, sin) `[B, T, head_dim]` of RoPE at `positions [B, T]`, in the "rotate half" layout of transformers.
+
+    inv_freq_i = theta^(-2i / head_dim),  angle_{t,i} = position_t * inv_freq_i  (i < head_dim / 2),
+    cos = cos([angle, angle]),  sin = sin([angle, angle])   (computed in float32, cast to `dtype`)
+    """
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
+    angles = jnp.concatenate([angles, angles], -1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x: chex.Array, cos: chex.Array, sin: chex.Array) -> chex.Array:
+    """x * cos + rotate_half(x) * sin for x `[B, T, N, d]` and `rope_tables` `[B, T, d]`."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
 def rotary_embedding(x: chex.Array, positions: chex.Array, theta: float) -> chex.Array:
     """RoPE in the "rotate half" layout of transformers: x [B, T, N, d], positions [B, T]."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :].astype(x.dtype)
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :].astype(x.dtype)
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+    return apply_rope(x, *rope_tables(positions, x.shape[-1], theta, x.dtype))
 
 
 class KVCache(NamedTuple):
@@ -267,7 +281,8 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
 
-    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None):
+    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None, rope=None):
+        """`rope`: the `rope_tables` of `positions` when the caller computed them once for all layers."""
         c = self.config
         batch, length, _ = x.shape
         q = _flat(self.q_proj, x).reshape(batch, length, c.num_attention_heads, c.head_dim)
@@ -275,15 +290,20 @@ class Attention(nnx.Module):
         v = _flat(self.v_proj, x).reshape(batch, length, c.num_key_value_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = constrain_heads(rotary_embedding(q, positions, c.rope_theta))
-        k = constrain_heads(rotary_embedding(k, positions, c.rope_theta))
+        if rope is None:
+            rope = rope_tables(positions, c.head_dim, c.rope_theta, q.dtype)
+        q = constrain_heads(apply_rope(q, *rope))
+        k = constrain_heads(apply_rope(k, *rope))
         v = constrain_heads(v)
-        if layer_cache is not None:
+        if layer_cache is None:
+            out = causal_attention(q, k, v, allowed)
+        else:
             cached_k, cached_v = layer_cache
             k = jax.lax.dynamic_update_slice_in_dim(cached_k, k.astype(cached_k.dtype), cache_index, axis=1)
             v = jax.lax.dynamic_update_slice_in_dim(cached_v, v.astype(cached_v.dtype), cache_index, axis=1)
             layer_cache = (k, v)
-        out = constrain_heads(grouped_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed))
+            out = grouped_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed)
+        out = constrain_heads(out)
         return _flat(self.o_proj, out.reshape(batch, length, -1)), layer_cache
 
 
@@ -291,7 +311,8 @@ def grouped_attention(q, k, v, allowed):
     """softmax(q k^T / sqrt(d) masked) v for q [B, T, H, d], k/v [B, S, K, d], allowed [B, T, S].
 
     Heads are grouped (H = K * G) without repeating k and v; logits and softmax
-    are float32 whatever the compute dtype.
+    are float32 whatever the compute dtype. The KV-cache path; the cache-less
+    pass uses `causal_attention`.
     """
     batch, length, heads, dim = q.shape
     kv_heads = k.shape[2]
@@ -302,6 +323,68 @@ def grouped_attention(q, k, v, allowed):
     logits = jnp.where(allowed[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, length, heads, dim)
+
+
+ATTENTION_BLOCK = 64  # query tokens per block of `causal_attention`
+ATTENTION_MAX_BLOCKS = 8  # longer sequences get longer blocks, so a layer has at most this many
+
+
+def attention_block_size(length: int) -> int:
+    """`causal_attention`'s default block: ATTENTION_BLOCK tokens, longer past ATTENTION_MAX_BLOCKS blocks."""
+    return max(ATTENTION_BLOCK, -(-length // ATTENTION_MAX_BLOCKS))
+
+
+def causal_attention(q, k, v, allowed, block_size: Optional[int] = None):
+    """`grouped_attention` of a full causal pass, skipping the key blocks no query of a block can see.
+
+      out_t = sum_{s <= t, allowed[t, s]} softmax_s(q_t . k_s / sqrt(d)) v_s
+
+    Shapes: q `[B, T, H, d]`, k/v `[B, T, K, d]` (H = K * G), allowed `[B, T, T]`,
+    which must be causal (False wherever s > t), as `full_sequence_attention` builds
+    it. Queries are cut into blocks of `block_size` tokens (default
+    `attention_block_size(T)`); block [a, b) attends to keys [0, b) only, so the
+    fully-masked upper triangle is never computed: at T = 256 and 64-token blocks,
+    5/8 of the logits of the unblocked form (the FlashAttention causal block skip,
+    Dao et al. 2022, without the online softmax: each block's keys fit at once).
+    Layout: q as `[B, K, T*G, d]` (rows ordered (t, g), so a block is a contiguous
+    row range and the G query heads of a kv head share one matmul), k/v as
+    `[B, K, T, d]`; 1/sqrt(d) is folded into q. Logits and softmax are float32.
+
+    Rows with no allowed key (padding) are not defined by the formula: they
+    return the mean of their block's values here (`grouped_attention`: of all
+    values); callers never read them.
+    """
+    chex.assert_rank([q, k, v, allowed], [4, 4, 4, 3])
+    batch, length, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    chex.assert_shape([k, v], (batch, length, kv_heads, dim))
+    chex.assert_shape(allowed, (batch, length, length))
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads are not a multiple of {kv_heads} key/value heads")
+    block = attention_block_size(length) if block_size is None else block_size
+    if block < 1:
+        raise ValueError(f"block_size={block_size}; expected a positive number of tokens")
+    groups = heads // kv_heads
+    q = q * jnp.asarray(1.0 / dim**0.5, q.dtype)
+    qh = q.reshape(batch, length, kv_heads, groups, dim).transpose(0, 2, 1, 3, 4)
+    qh = qh.reshape(batch, kv_heads, length * groups, dim)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    outs = []
+    for start in range(0, length, block):
+        stop = min(start + block, length)
+        rows = (stop - start) * groups
+        logits = jnp.einsum(
+            "bkrd,bksd->bkrs",
+            qh[:, :, start * groups : stop * groups],
+            kh[:, :, :stop],
+            preferred_element_type=jnp.float32,
+        ).reshape(batch, kv_heads, stop - start, groups, stop)
+        logits = jnp.where(allowed[:, None, start:stop, None, :stop], logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(batch, kv_heads, rows, stop)
+        outs.append(jnp.einsum("bkrs,bksd->bkrd", probs, vh[:, :, :stop]))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
+    out = out.reshape(batch, kv_heads, length, groups, dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, length, heads, dim)
 
 
@@ -326,18 +409,38 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
         self.mlp = MLP(c, rngs)
 
-    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None):
-        attn_out, layer_cache = self.self_attn(self.input_layernorm(x), positions, allowed, layer_cache, cache_index)
+    def __call__(self, x, positions, allowed, layer_cache=None, cache_index=None, rope=None):
+        attn_out, layer_cache = self.self_attn(
+            self.input_layernorm(x), positions, allowed, layer_cache, cache_index, rope
+        )
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x)), layer_cache
 
 
-def _remat_layer(layer, x, positions, allowed, layer_cache, cache_index):
-    return layer(x, positions, allowed, layer_cache, cache_index)
+def _materialize(x: chex.Array) -> chex.Array:
+    """`x`, computed once into memory: `x @ I` (exact at HIGHEST precision, a few MFLOP).
+
+    XLA fuses elementwise producers into each consumer, so RoPE's cos and sin
+    would be recomputed in every fusion that reads them, once per head and layer
+    (transcendental functions: 4x slower RoPE forward+backward on CPU). A dot is
+    never fused into its consumers; `jax.lax.optimization_barrier` does not help,
+    as XLA:CPU removes barriers before fusion.
+    """
+    eye = jnp.eye(x.shape[-1], dtype=x.dtype)
+    return jnp.einsum("...i,ij->...j", x, eye, precision=jax.lax.Precision.HIGHEST)
+
+
+def _remat_layer(layer, x, positions, allowed, layer_cache, cache_index, rope):
+    return layer(x, positions, allowed, layer_cache, cache_index, rope)
 
 
 class QwenModel(nnx.Module):
-    """The trunk: embeddings, decoder layers, final norm. Returns hidden states."""
+    """The trunk: embeddings, decoder layers, final norm. Returns hidden states.
+
+    `allowed` is `[B, T, S]`: without a cache, the causal `full_sequence_attention`
+    mask (the layers skip its upper triangle); with one, `attention_allowed` of the
+    cache slots.
+    """
 
     def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
         c = config
@@ -354,12 +457,14 @@ class QwenModel(nnx.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.jnp_param_dtype)
 
     def __call__(self, input_ids, positions, allowed, cache: Optional[KVCache] = None, cache_index=None):
+        c = self.config
         x = constrain_batch(self.embed_tokens(input_ids))
+        rope = tuple(_materialize(t) for t in rope_tables(positions, c.head_dim, c.rope_theta, x.dtype))
         new_keys, new_values = [], []
-        call = nnx.remat(_remat_layer) if self.config.remat else _remat_layer
+        call = nnx.remat(_remat_layer) if c.remat else _remat_layer
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index)
+            x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index, rope)
             x = constrain_batch(x)
             if layer_cache is not None:
                 new_keys.append(layer_cache[0])

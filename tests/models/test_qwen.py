@@ -78,7 +78,11 @@ def test_kv_cache_decoding_matches_full_forward_at_every_position(hf_checkpoints
         lambda tokens, pos, m, c, index: model(tokens, positions=pos, attention_mask=m, cache=c, cache_index=index)
     )
     logits, cache = step(
-        jnp.asarray(ids[:, :prompt_length]), jnp.asarray(positions[:, :prompt_length]), jnp.asarray(cache_mask), cache, 0
+        jnp.asarray(ids[:, :prompt_length]),
+        jnp.asarray(positions[:, :prompt_length]),
+        jnp.asarray(cache_mask),
+        cache,
+        0,
     )
     np.testing.assert_allclose(logits[1, 3:], full_logits[1, 3:prompt_length], atol=1e-5)
     np.testing.assert_allclose(logits[0], full_logits[0, :prompt_length], atol=1e-5)
@@ -138,7 +142,9 @@ def test_hidden_states_and_unembedding_reproduce_the_logits(hf_checkpoints):
 def test_config_reads_both_transformers_layouts():
     base = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
     v4 = qwen.QwenConfig.from_hf_dict(dict(base, architectures=["Qwen2ForCausalLM"], rope_theta=5.0))
-    v5 = qwen.QwenConfig.from_hf_dict(dict(base, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 5.0}))
+    v5 = qwen.QwenConfig.from_hf_dict(
+        dict(base, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 5.0})
+    )
     assert v4.rope_theta == v5.rope_theta == 5.0
     assert v4.head_dim == 4 and v4.num_key_value_heads == 2 and v4.attention_bias and not v4.qk_norm
 
@@ -155,8 +161,12 @@ def test_config_reads_both_transformers_layouts():
 )
 def test_unsupported_configs_raise_naming_the_field(change, field):
     base = dict(
-        architectures=["Qwen2ForCausalLM"], vocab_size=10, hidden_size=8, intermediate_size=16,
-        num_hidden_layers=1, num_attention_heads=2,
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
     )
     with pytest.raises(qwen.ConfigError, match=field):
         qwen.QwenConfig.from_hf_dict(dict(base, **change))
@@ -164,10 +174,87 @@ def test_unsupported_configs_raise_naming_the_field(change, field):
 
 def test_missing_config_field_is_named():
     complete = dict(
-        architectures=["Qwen2ForCausalLM"], vocab_size=10, hidden_size=8, intermediate_size=16,
-        num_hidden_layers=1, num_attention_heads=2,
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
     )
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         incomplete = {k: v for k, v in complete.items() if k != field}
         with pytest.raises(qwen.ConfigError, match=field):
             qwen.QwenConfig.from_hf_dict(incomplete)
+
+
+def _random_attention_inputs(seed, batch=3, length=23, heads=4, kv_heads=2, dim=8):
+    """q, k, v and the causal `allowed` mask of a batch with a full row, right and left padding, and packing."""
+    rng = np.random.RandomState(seed)
+    q = jnp.asarray(rng.normal(size=(batch, length, heads, dim)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(batch, length, kv_heads, dim)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(batch, length, kv_heads, dim)), jnp.float32)
+    mask = np.ones((batch, length), np.int32)
+    mask[1, length - 6 :] = 0  # right padding
+    mask[2, :4] = 0  # left padding
+    segments = np.zeros((batch, length), np.int32)
+    segments[0, 9:] = 1  # row 0 packs three sequences
+    segments[0, 17:] = 2
+    ids = jnp.zeros((batch, length), jnp.int32)
+    _, allowed = qwen.full_sequence_attention(ids, jnp.asarray(mask), segment_ids=jnp.asarray(segments))
+    return q, k, v, allowed
+
+
+@pytest.mark.parametrize("block_size", [5, 8, None])
+def test_causal_attention_equals_the_unblocked_attention(block_size):
+    """Blocked causal attention (keys past a query block skipped) = plain masked attention, values and gradients.
+
+    Length 23 is not a multiple of 5 or 8 (None: one block of 64); rows without any allowed key (padding) are
+    excluded, as no caller reads them.
+    """
+    q, k, v, allowed = _random_attention_inputs(seed=7)
+    assert not bool(jnp.any(jnp.triu(jnp.ones(allowed.shape[1:], bool), 1) & allowed))  # causal, as required
+    readable = jnp.any(allowed, axis=-1)[:, :, None, None]  # [B, T, 1, 1]
+    assert not bool(jnp.all(readable))  # the batch does have unreadable rows
+    weights = jnp.asarray(np.random.RandomState(8).normal(size=q.shape), jnp.float32) * readable
+
+    def loss(attention, q, k, v):
+        return jnp.sum(attention(q, k, v, allowed) * weights)
+
+    blocked = lambda q, k, v, a: qwen.causal_attention(q, k, v, a, block_size=block_size)
+    out_blocked = jax.jit(blocked)(q, k, v, allowed)
+    out_plain = jax.jit(qwen.grouped_attention)(q, k, v, allowed)
+    np.testing.assert_allclose(np.where(readable, out_blocked, 0), np.where(readable, out_plain, 0), atol=1e-5)
+    grads_blocked = jax.jit(jax.grad(lambda *x: loss(blocked, *x), argnums=(0, 1, 2)))(q, k, v)
+    grads_plain = jax.jit(jax.grad(lambda *x: loss(qwen.grouped_attention, *x), argnums=(0, 1, 2)))(q, k, v)
+    for name, a, b in zip("qkv", grads_blocked, grads_plain):
+        assert float(jnp.max(jnp.abs(b))) > 1e-2, name  # a gradient that says something
+        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=f"d loss / d {name}")
+
+
+def test_causal_attention_in_bfloat16_stays_close_to_float32():
+    q, k, v, allowed = _random_attention_inputs(seed=9)
+    readable = np.asarray(jnp.any(allowed, axis=-1))
+    plain = jax.jit(qwen.grouped_attention)
+    exact = np.asarray(plain(q, k, v, allowed))[readable]
+    half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    out = jax.jit(lambda q, k, v, a: qwen.causal_attention(q, k, v, a, block_size=8))(*half, allowed)
+    assert out.dtype == jnp.bfloat16
+    reference_half = np.asarray(plain(*half, allowed), np.float32)[readable]
+    ours = np.abs(np.asarray(out, np.float32)[readable] - exact).max()
+    theirs = np.abs(reference_half - exact).max()
+    assert ours < 0.05 and ours < 2 * theirs + 1e-3
+
+
+def test_causal_attention_rejects_bad_inputs():
+    q, k, v, allowed = _random_attention_inputs(seed=10)
+    with pytest.raises(ValueError, match="block_size=0"):
+        qwen.causal_attention(q, k, v, allowed, block_size=0)
+    with pytest.raises(AssertionError):
+        qwen.causal_attention(q, k, v, allowed[:, :, :-1])
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 256, 513, 4096, 5000])
+def test_attention_block_size_bounds_the_number_of_blocks(length):
+    block = qwen.attention_block_size(length)
+    assert block >= qwen.ATTENTION_BLOCK
+    assert -(-length // block) <= qwen.ATTENTION_MAX_BLOCKS
