@@ -18,9 +18,12 @@ any timing. Then, on the same batch and with the same number of CPU threads:
 
 Warm-up calls (JIT compilation) are excluded; each side is timed `--repeats`
 times, JAX and torch calls interleaved so that load from other processes falls
-on both, and tokens/s = B * T / median seconds. The ratio of each repetition's
+on both, each call started `SETTLE_SECONDS` after the previous one ended (so
+that neither side shares the cores with the other's still-spinning thread
+pool), and tokens/s = B * T / median seconds. The ratio of each repetition's
 back-to-back pair is also printed (median and range): the steadier number on a
-shared machine.
+shared machine. `scripts/bench_kernels.py` times the model's matmuls and
+attention one at a time on the same shapes: where the difference comes from.
 
 Threads: `n` (default `os.cpu_count()`) is applied to both sides by restricting
 the process's CPU affinity to `n` cores before JAX starts (XLA's CPU client
@@ -170,11 +173,21 @@ def set_threads(n: int) -> str:
 # ---------------------------------------------------------------------------
 
 
-def time_calls(calls, repeats, schedule):
-    """Per-side lists of wall times; `calls` maps a side to a zero-argument function that blocks until done."""
+SETTLE_SECONDS = 0.05
+
+
+def time_calls(calls, repeats, schedule, settle=SETTLE_SECONDS):
+    """Per-side lists of wall times; `calls` maps a side to a zero-argument function that blocks until done.
+
+    Each call starts `settle` seconds after the previous one ended: a thread
+    pool spins for a while after its work (torch's OpenMP threads, XLA's pool),
+    and a call started at once shares the cores with those spinning threads (a
+    2048x256x1024 JAX matmul right after a torch call measured 1.6x slower).
+    """
     times = {name: [] for name in calls}
 
     def once(name):
+        time.sleep(settle)
         start = time.perf_counter()
         calls[name]()
         times[name].append(time.perf_counter() - start)
