@@ -249,9 +249,7 @@ def loss_cases(d, group_size):
         ),
         (
             "clipped_value_loss (huber)",
-            lambda x: losses.clipped_value_loss(
-                x, j["old_values"], j["returns"], j["mask"], loss_type="huber"
-            )[0],
+            lambda x: losses.clipped_value_loss(x, j["old_values"], j["returns"], j["mask"], loss_type="huber")[0],
             lambda grad=False: np_value_huber(d["values"], d["old_values"], d["returns"], d["mask"], grad=grad),
             "values",
         ),
@@ -262,9 +260,7 @@ def loss_cases(d, group_size):
         ),
         (
             "action_decomposed_gae (POAD)",
-            lambda: losses.action_decomposed_gae(
-                j["rewards"], j["values"], j["ends"], j["mask"], gamma=0.99, lam=0.95
-            ),
+            lambda: losses.action_decomposed_gae(j["rewards"], j["values"], j["ends"], j["mask"], gamma=0.99, lam=0.95),
             lambda: np_action_decomposed_gae(d["rewards"], d["values"], d["ends"], d["mask"]),
         ),
         (
@@ -308,9 +304,7 @@ def bench_logprobs(batch, length, vocab, repeats, chunk_size):
     rng = np.random.RandomState(0)
     tokens_np = rng.randint(0, vocab, (batch, length)).astype(np.int32)
     tokens = jnp.asarray(tokens_np)
-    logits = jax.jit(
-        lambda k: jax.random.normal(k, (batch, length, vocab), jnp.float32) * 3.0
-    )(jax.random.PRNGKey(0))
+    logits = jax.jit(lambda k: jax.random.normal(k, (batch, length, vocab), jnp.float32) * 3.0)(jax.random.PRNGKey(0))
     fwd = jax.jit(lambda l: losses.token_logprobs_from_logits(l, tokens, chunk_size=chunk_size))
     grad = jax.jit(jax.grad(lambda l: losses.token_logprobs_from_logits(l, tokens, chunk_size=chunk_size)[0].sum()))
     jax_fwd = median_seconds(lambda: fwd(logits), repeats)
@@ -356,10 +350,12 @@ def memory_probe(path, batch, length, vocab, chunk_size):
     if path == "chunked":
         fn = jax.jit(lambda l: losses.token_logprobs_from_logits(l, tokens, chunk_size=chunk_size))
     else:
+
         def fn(l):
             log_probs = jax.nn.log_softmax(l.astype(jnp.float32), axis=-1)
             taken = jnp.take_along_axis(log_probs, tokens[..., None], -1)[..., 0]
             return taken, -jnp.sum(jnp.exp(log_probs) * log_probs, -1)
+
         fn = jax.jit(fn)
     compiled = fn.lower(logits).compile()
     analysis = compiled.memory_analysis()
@@ -373,8 +369,10 @@ def memory_probe(path, batch, length, vocab, chunk_size):
     return {
         "logits_bytes": logits_bytes,
         "peak_over_logits": (peak - before + logits_bytes) / logits_bytes,
-        "xla_peak_over_logits": (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-                                 + analysis.temp_size_in_bytes) / logits_bytes,
+        "xla_peak_over_logits": (
+            analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+        )
+        / logits_bytes,
     }
 
 
@@ -382,9 +380,23 @@ def bench_memory(batch, length, vocab, chunk_size):
     rows = []
     for path in ("chunked", "log_softmax"):
         out = subprocess.run(
-            [sys.executable, __file__, "--memory-probe", path, "--logits-batch", str(batch),
-             "--logits-length", str(length), "--vocab", str(vocab), "--chunk-size", str(chunk_size)],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                __file__,
+                "--memory-probe",
+                path,
+                "--logits-batch",
+                str(batch),
+                "--logits-length",
+                str(length),
+                "--vocab",
+                str(vocab),
+                "--chunk-size",
+                str(chunk_size),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         rows.append((path, json.loads(out.stdout.strip().splitlines()[-1])))
     return rows
@@ -421,33 +433,48 @@ def main():
     if args.chunk_size is None:
         args.chunk_size = default_chunk_rows(args.vocab)
     if args.memory_probe:
-        print(json.dumps(memory_probe(args.memory_probe, args.logits_batch, args.logits_length, args.vocab,
-                                      args.chunk_size)))
+        print(
+            json.dumps(
+                memory_probe(args.memory_probe, args.logits_batch, args.logits_length, args.vocab, args.chunk_size)
+            )
+        )
         return
 
-    print(f"# bench_losses: jax {jax.__version__} on {jax.devices()[0].platform} "
-          f"({os.cpu_count()} cpus, {platform.processor() or platform.machine()}), numpy {np.__version__}")
+    print(
+        f"# bench_losses: jax {jax.__version__} on {jax.devices()[0].platform} "
+        f"({os.cpu_count()} cpus, {platform.processor() or platform.machine()}), numpy {np.__version__}"
+    )
     rows = bench_losses(args.batch, args.length, args.repeats)
     rows += bench_logprobs(args.logits_batch, args.logits_length, args.vocab, args.repeats, args.chunk_size)
     # From hidden states: a quarter of the logits batch keeps the NumPy matmul baseline short.
-    rows += bench_from_hidden(max(1, args.logits_batch // 4), args.logits_length, args.hidden_size,
-                              args.vocab, args.repeats)
+    rows += bench_from_hidden(
+        max(1, args.logits_batch // 4), args.logits_length, args.hidden_size, args.vocab, args.repeats
+    )
     print()
-    print("| function | shape | jax fwd ms | numpy fwd ms | fwd speed-up | jax grad ms | numpy grad ms | grad speed-up |")
+    print(
+        "| function | shape | jax fwd ms | numpy fwd ms | fwd speed-up | jax grad ms | numpy grad ms | grad speed-up |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, shape, jax_fwd, np_fwd, jax_grad, np_grad in rows:
-        print(f"| {name} | {shape} | {fmt_ms(jax_fwd)} | {fmt_ms(np_fwd)} | {fmt_ratio(np_fwd, jax_fwd)} "
-              f"| {fmt_ms(jax_grad)} | {fmt_ms(np_grad)} | {fmt_ratio(np_grad, jax_grad)} |")
-    print("\nNumPy gradients are hand-derived and computed with the loss; JAX gradients are jax.grad "
-          "of the jitted loss.")
+        print(
+            f"| {name} | {shape} | {fmt_ms(jax_fwd)} | {fmt_ms(np_fwd)} | {fmt_ratio(np_fwd, jax_fwd)} "
+            f"| {fmt_ms(jax_grad)} | {fmt_ms(np_grad)} | {fmt_ratio(np_grad, jax_grad)} |"
+        )
+    print(
+        "\nNumPy gradients are hand-derived and computed with the loss; JAX gradients are jax.grad of the jitted loss."
+    )
     if not args.skip_memory:
-        print(f"\nPeak memory of one forward call, logits {args.logits_batch}x{args.logits_length}x{args.vocab} "
-              f"float32, chunk {args.chunk_size} rows:\n")
+        print(
+            f"\nPeak memory of one forward call, logits {args.logits_batch}x{args.logits_length}x{args.vocab} "
+            f"float32, chunk {args.chunk_size} rows:\n"
+        )
         print("| path | logits GB | peak / logits (process RSS) | peak / logits (XLA analysis) |")
         print("|---|---:|---:|---:|")
         for path, m in bench_memory(args.logits_batch, args.logits_length, args.vocab, args.chunk_size):
-            print(f"| {path} | {m['logits_bytes'] / 1e9:.2f} | {m['peak_over_logits']:.3f} "
-                  f"| {m['xla_peak_over_logits']:.3f} |")
+            print(
+                f"| {path} | {m['logits_bytes'] / 1e9:.2f} | {m['peak_over_logits']:.3f} "
+                f"| {m['xla_peak_over_logits']:.3f} |"
+            )
 
 
 if __name__ == "__main__":

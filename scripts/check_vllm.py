@@ -40,7 +40,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--model", default=None, help="an existing local checkpoint instead of a random one")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: float32 tiny, bf16 else")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default=None, help="default: float32 tiny, bf16 else"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--syncs", type=int, default=5)
@@ -71,7 +73,9 @@ def main(argv=None):
     keys = jax.random.split(key, len(leaves))
     # Perturb every matrix by 5% noise: the engine's weights from disk are now stale.
     leaves = [
-        (x + 0.05 * jnp.std(x.astype(jnp.float32)) * jax.random.normal(k, x.shape)).astype(x.dtype) if x.ndim == 2 else x
+        (x + 0.05 * jnp.std(x.astype(jnp.float32)) * jax.random.normal(k, x.shape)).astype(x.dtype)
+        if x.ndim == 2
+        else x
         for x, k in zip(leaves, keys)
     ]
     state = jax.tree.unflatten(treedef, leaves)
@@ -111,7 +115,10 @@ def main(argv=None):
     print(f"weight sync: median {statistics.median(sync_times):.3f} s over {len(sync_times)} syncs")
     print(f"greedy token agreement vLLM vs JAX after sync: {same_tokens:.3f}")
     print(f"max |logprob diff| over the first 4 tokens: {max(first_diffs):.2e}")
-    print(f"generation tokens/s (batch {args.batch}, {args.new_tokens} new): vLLM {vllm_tps:.0f}, JaxSampler {jax_tps:.0f}")
+    print(
+        f"generation tokens/s (batch {args.batch}, {args.new_tokens} new): "
+        f"vLLM {vllm_tps:.0f}, JaxSampler {jax_tps:.0f}"
+    )
     ok = same_tokens > 0.95 and max(first_diffs) < (1e-3 if dtype == "float32" else 5e-2)
     print("OK: vLLM follows the JAX weights" if ok else "MISMATCH: vLLM does not follow the JAX weights")
     return 0 if ok else 1

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 from mathrl_jax.losses.aggregate import masked_mean, masked_var
 
-
 # ---------------------------------------------------------------------------
 # Token-level recursions
 # ---------------------------------------------------------------------------

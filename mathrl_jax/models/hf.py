@@ -71,7 +71,11 @@ def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
     """Every HF tensor name of `config`'s architecture -> (NNX path, transpose, HF shape)."""
     c = config
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    table = {"model.embed_tokens.weight": TensorSpec(("model", "embed_tokens", "embedding"), False, (c.vocab_size, c.hidden_size))}
+    table = {
+        "model.embed_tokens.weight": TensorSpec(
+            ("model", "embed_tokens", "embedding"), False, (c.vocab_size, c.hidden_size)
+        )
+    }
 
     def linear(hf: str, path: Path, n_out: int, n_in: int, bias: bool):
         table[f"{hf}.weight"] = TensorSpec(path + ("kernel",), True, (n_out, n_in))
@@ -292,7 +296,11 @@ def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     header, offset = {}, 0
     for name, array in tensors.items():
         nbytes = array.nbytes
-        header[name] = {"dtype": _DTYPE_NAMES[array.dtype], "shape": list(array.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": _DTYPE_NAMES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     header["__metadata__"] = {"format": "pt"}
     encoded = json.dumps(header, separators=(",", ":")).encode()

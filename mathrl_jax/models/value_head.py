@@ -65,7 +65,9 @@ def critic_table(config: QwenConfig):
     return table
 
 
-def load_critic(directory: str, sharding_fn: Optional[hf.ShardingFn] = None, seed: int = 0, **config_overrides) -> QwenCritic:
+def load_critic(
+    directory: str, sharding_fn: Optional[hf.ShardingFn] = None, seed: int = 0, **config_overrides
+) -> QwenCritic:
     """A critic from a local HF checkpoint.
 
     From a causal LM checkpoint (the usual case: the critic starts from the
@@ -84,7 +86,9 @@ def load_critic(directory: str, sharding_fn: Optional[hf.ShardingFn] = None, see
     abstract = nnx.eval_shape(lambda: QwenCritic(config, rngs=nnx.Rngs(seed)))
     graphdef, state = nnx.split(abstract)
     if not has_head:
-        fresh_head = nnx.Linear(config.hidden_size, 1, use_bias=True, kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(seed))
+        fresh_head = nnx.Linear(
+            config.hidden_size, 1, use_bias=True, kernel_init=nnx.initializers.zeros, rngs=nnx.Rngs(seed)
+        )
         pure["score"] = {"kernel": fresh_head.kernel[...], "bias": fresh_head.bias[...]}
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state)

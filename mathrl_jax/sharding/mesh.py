@@ -74,7 +74,7 @@ def resolve_mesh_shape(
     if any(s == 0 or s < -1 for s in shape):
         raise MeshError(f"mesh {asked}: each axis must be a positive size or -1")
     if shape.count(-1) > 1:
-        raise MeshError(f"mesh {asked}: at most one axis may be -1 (\"the rest of the devices\")")
+        raise MeshError(f'mesh {asked}: at most one axis may be -1 ("the rest of the devices")')
     known = int(np.prod([s for s in shape if s != -1]))
     if -1 in shape:
         if num_devices % known:
@@ -90,7 +90,9 @@ def resolve_mesh_shape(
         )
     tp = shape[2]
     if num_attention_heads is not None and num_attention_heads % tp:
-        divisors = [d for d in range(1, num_attention_heads + 1) if num_attention_heads % d == 0 and num_devices % d == 0]
+        divisors = [
+            d for d in range(1, num_attention_heads + 1) if num_attention_heads % d == 0 and num_devices % d == 0
+        ]
         raise MeshError(
             f"mesh tp={tp} does not divide the model's {num_attention_heads} attention heads; "
             f"tp values that work here: {', '.join(map(str, divisors))}"

@@ -34,7 +34,8 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 Rules = Tuple[Tuple[str, P], ...]
 

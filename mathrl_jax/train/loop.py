@@ -117,7 +117,8 @@ def validate_config(config) -> None:
         _fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
     if c.env_name and c.algorithm_name != "reinforce_rebn":
         _fail(
-            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', not {c.algorithm_name!r}"
+            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', "
+            f"not {c.algorithm_name!r}"
         )
     if c.reward_source not in ("verifier", "prm", "prm+verifier"):
         _fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")

@@ -146,7 +146,9 @@ def ppo_clip(
     loss_mat = np.zeros((B, T))
     log_ratio = np.zeros((B, T))
     ratio = np.zeros((B, T))
-    inds = {k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")}
+    inds = {
+        k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")
+    }
     for b in range(B):
         for t in range(T):
             lr = logprobs[b, t] - old_logprobs[b, t]
@@ -196,7 +198,9 @@ def decoupled_ppo(
     weight = np.zeros((B, T))
     log_weight = np.zeros((B, T))
     kept = np.zeros((B, T))
-    inds = {k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")}
+    inds = {
+        k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")
+    }
     for b in range(B):
         for t in range(T):
             lr = _clip(logprobs[b, t] - proximal_logprobs[b, t], -log_ratio_clamp, log_ratio_clamp)
@@ -256,7 +260,9 @@ def gspo(
     loss_mat = np.zeros((B, T))
     ratio = np.zeros((B, T))
     token_log_ratio = np.zeros((B, T))
-    inds = {k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")}
+    inds = {
+        k: np.zeros((B, T)) for k in ("clip_fraction", "clip_fraction_high", "clip_fraction_low", "dual_clip_fraction")
+    }
     for b in range(B):
         s = math.exp(min(seq_lr[b], log_ratio_max))
         for t in range(T):

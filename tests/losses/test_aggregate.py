@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mathrl_jax.losses import (
     LOSS_AGG_MODES,
@@ -47,8 +48,6 @@ def random_loss(rng, batch=B, length=T):
 
 # jit(value_and_grad(aggregate_loss)) with (mode, norm_constant) static.
 _aggregate_grad = jax.jit(jax.value_and_grad(aggregate_loss), static_argnums=(2, 3))
-
-
 
 
 # --------------------------------------------------------------------------- values
@@ -124,9 +123,9 @@ def test_all_masked_batch_is_zero_not_nan(mode):
 
 def _garbage(rng, shape):
     g = rng.randn(*shape).astype(np.float32) * 1e4
-    g.flat[:: 3] = np.inf
-    g.flat[1 :: 3] = np.nan
-    g.flat[2 :: 5] = -np.inf
+    g.flat[::3] = np.inf
+    g.flat[1::3] = np.nan
+    g.flat[2::5] = -np.inf
     return g
 
 
@@ -145,7 +144,7 @@ def test_padding_columns_and_rows_do_not_change_the_loss(mode, seed):
     padded = np.concatenate([padded, _garbage(rng, (2, T + pad_cols))], 0)
     padded_mask = np.concatenate([padded_mask, np.zeros((2, T + pad_cols), np.float32)], 0)
     # Garbage also on masked-out entries inside the original block.
-    padded[: B, :T][mask == 0] = np.nan
+    padded[:B, :T][mask == 0] = np.nan
 
     out, grad = _aggregate_grad(padded, padded_mask, mode, norm_constant, None)
     assert np.isfinite(float(out))
@@ -270,7 +269,9 @@ def test_unknown_mode_raises_and_names_it(bad):
         lambda: aggregate_loss(loss_mat, mask, bad),
         lambda: loss_denominator(mask, bad),
         lambda: loss_numerator(loss_mat, mask, bad),
-        lambda: ppo_clip_loss(jnp.ones((B, T)), jnp.ones((B, T)), jnp.ones((B, T)), jnp.ones((B, T)), loss_agg_mode=bad),
+        lambda: ppo_clip_loss(
+            jnp.ones((B, T)), jnp.ones((B, T)), jnp.ones((B, T)), jnp.ones((B, T)), loss_agg_mode=bad
+        ),
     ):
         with pytest.raises(ValueError) as info:
             call()

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mathrl_jax import losses
 from mathrl_jax.losses import (
@@ -284,7 +285,9 @@ def test_every_public_function_has_a_docstring():
 def test_loss_docstrings_give_a_formula_or_source(name):
     doc = getattr(losses, name).__doc__
     has_formula = "=" in doc
-    has_source = any(word in doc for word in ("Source", "et al.", "verl", "AReaL", "RLinf", "OpenR", "Huber 19", "Schulman"))
+    has_source = any(
+        word in doc for word in ("Source", "et al.", "verl", "AReaL", "RLinf", "OpenR", "Huber 19", "Schulman")
+    )
     assert has_formula or has_source, name
 
 

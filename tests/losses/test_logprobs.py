@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mathrl_jax.losses import token_logprobs_from_hidden, token_logprobs_from_logits
 
@@ -118,7 +119,9 @@ def test_from_hidden_matches_logits_path_and_its_gradients(layout):
         return jnp.sum(logp) + 0.5 * jnp.sum(entropy), (logp, entropy)
 
     (_, (logp, entropy)), grads = jax.jit(jax.value_and_grad(chunked, argnums=(0, 1), has_aux=True))(hidden, weight)
-    (_, (ref_logp, ref_entropy)), ref_grads = jax.value_and_grad(reference, argnums=(0, 1), has_aux=True)(hidden, weight)
+    (_, (ref_logp, ref_entropy)), ref_grads = jax.value_and_grad(reference, argnums=(0, 1), has_aux=True)(
+        hidden, weight
+    )
     np.testing.assert_allclose(logp, ref_logp, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, ref_grads):

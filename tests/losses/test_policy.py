@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from mathrl_jax.losses import (
     decoupled_ppo_loss,
@@ -221,7 +222,17 @@ def test_ppo_gradient_is_zero_exactly_where_a_clip_is_active(config, seed):
     np.testing.assert_allclose(grad[sel], want[sel], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("bad", [dict(clip_c=1.0), dict(clip_c=0.5), dict(clip_low=1.0), dict(clip_low=1.5), dict(clip_low=-0.1), dict(clip_high=-0.1)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(clip_c=1.0),
+        dict(clip_c=0.5),
+        dict(clip_low=1.0),
+        dict(clip_low=1.5),
+        dict(clip_low=-0.1),
+        dict(clip_high=-0.1),
+    ],
+)
 def test_invalid_clip_arguments_raise(bad):
     logprobs, old, adv, mask = policy_data(0)
     value = list(bad.values())[0]
@@ -303,7 +314,9 @@ def test_decoupled_with_proximal_equal_to_behaviour_is_ppo(seed):
     if mask.sum() > 0:
         np.testing.assert_allclose(float(m_d["behaviour_weight_mean"]), 1.0, rtol=1e-6)
     assert float(m_d["behaviour_kl"]) == 0.0 and float(m_d["behaviour_capped_fraction"]) == 0.0
-    g_d = jitted_grad(decoupled_ppo_loss, behaviour_weight_cap=1.0, **kwargs)(logprobs, old, adv, mask, proximal_logprobs=old)
+    g_d = jitted_grad(decoupled_ppo_loss, behaviour_weight_cap=1.0, **kwargs)(
+        logprobs, old, adv, mask, proximal_logprobs=old
+    )
     g_p = jitted_grad(ppo_clip_loss, **kwargs)(logprobs, old, adv, mask)
     np.testing.assert_allclose(np.asarray(g_d), np.asarray(g_p), rtol=1e-6, atol=1e-8)
 
@@ -331,7 +344,10 @@ def gspo_data(seed, seq_scale=5e-4, token_scale=2e-3, batch=B, length=T):
 
 GSPO_CONFIGS = {
     "default": (dict(), dict()),
-    "wide_token_mean": (dict(clip_low=0.2, clip_high=0.28, loss_agg_mode="token-mean"), dict(seq_scale=0.3, token_scale=0.5)),
+    "wide_token_mean": (
+        dict(clip_low=0.2, clip_high=0.28, loss_agg_mode="token-mean"),
+        dict(seq_scale=0.3, token_scale=0.5),
+    ),
     "ratio_max": (dict(clip_low=0.2, clip_high=0.28, log_ratio_max=0.25), dict(seq_scale=0.3, token_scale=0.3)),
 }
 

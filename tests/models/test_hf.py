@@ -214,7 +214,9 @@ def test_prm_step_scores_read_the_good_token_probability_at_tags():
     rng = np.random.RandomState(1)
     logits = rng.randn(2, 6, 11).astype(np.float32)
     ids = np.array([[1, 9, 2, 3, 9, 4], [9, 5, 5, 5, 5, 9]])
-    scores, tags = value_head.prm_step_scores(jnp.asarray(logits), jnp.asarray(ids), step_tag_id=9, candidate_token_ids=(7, 8))
+    scores, tags = value_head.prm_step_scores(
+        jnp.asarray(logits), jnp.asarray(ids), step_tag_id=9, candidate_token_ids=(7, 8)
+    )
     good, bad = logits[..., 7], logits[..., 8]
     expected = np.exp(good) / (np.exp(good) + np.exp(bad)) * (ids == 9)
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
@@ -240,12 +242,20 @@ def test_export_script_writes_a_directory_transformers_loads(tmp_path):
     params.write_bytes(serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model))))
     out = str(tmp_path / "exported")
     script = os.path.join(ROOT, "scripts", "export_hf.py")
-    done = subprocess.run([sys.executable, script, "--params", str(params), "--like", like, "--out", out],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, script, "--params", str(params), "--like", like, "--out", out],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert leaves_equal(nnx.state(model), nnx.state(hf.load_model(out)))
     assert transformers.AutoTokenizer.from_pretrained(out)("1+1")["input_ids"]
 
-    bad = subprocess.run([sys.executable, script, "--params", str(tmp_path / "nope.msgpack"), "--like", like, "--out", out],
-                         capture_output=True, text=True, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, script, "--params", str(tmp_path / "nope.msgpack"), "--like", like, "--out", out],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert bad.returncode == 1 and "nope.msgpack" in bad.stderr and "Traceback" not in bad.stderr
