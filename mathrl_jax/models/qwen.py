@@ -224,11 +224,6 @@ def apply_rope(x: chex.Array, cos: chex.Array, sin: chex.Array) -> chex.Array:
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
-def rotary_embedding(x: chex.Array, positions: chex.Array, theta: float) -> chex.Array:
-    """RoPE in the "rotate half" layout of transformers: x [B, T, N, d], positions [B, T]."""
-    return apply_rope(x, *rope_tables(positions, x.shape[-1], theta, x.dtype))
-
-
 class KVCache(NamedTuple):
     """Preallocated keys and values, one `[B, S, num_kv_heads, head_dim]` array per layer."""
 

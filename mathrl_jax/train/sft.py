@@ -35,6 +35,7 @@ import optax
 from flax import nnx
 
 from mathrl_jax.losses import masked_mean, token_logprobs_from_logits
+from mathrl_jax.train.state import learning_rate_schedule
 
 Example = Tuple[List[int], List[int]]
 LogFn = Callable[[int, Dict[str, float]], None]
@@ -210,22 +211,12 @@ def sft_schedule(
     learning_rate: float, steps: int, warmup_steps: int, schedule: str = "cosine", final_fraction: float = 0.1
 ) -> optax.Schedule:
     """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then cosine decay to
-    `final_fraction * learning_rate` at `steps` ("cosine") or constant ("constant")."""
+    `final_fraction * learning_rate` at `steps` ("cosine") or constant ("constant"):
+    `train.state.learning_rate_schedule` restricted to the warm-start's two schedules."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
-    if schedule == "constant":
-        if warmup_steps == 0:
-            return optax.constant_schedule(learning_rate)
-        return optax.join_schedules(
-            [optax.linear_schedule(0.0, learning_rate, warmup_steps), optax.constant_schedule(learning_rate)],
-            [warmup_steps],
-        )
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=learning_rate,
-        warmup_steps=warmup_steps,
-        decay_steps=max(steps, warmup_steps + 1),
-        end_value=learning_rate * final_fraction,
+    return learning_rate_schedule(
+        learning_rate, schedule=schedule, warmup_steps=warmup_steps, total_steps=steps, end_factor=final_fraction
     )
 
 
