@@ -216,7 +216,12 @@ def sft_schedule(
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
     return learning_rate_schedule(
-        learning_rate, schedule=schedule, warmup_steps=warmup_steps, total_steps=steps, end_factor=final_fraction
+        learning_rate,
+        schedule=schedule,
+        warmup_steps=warmup_steps,
+        # A constant schedule does not depend on its length: callers may pass 0 (one compile for any length).
+        total_steps=max(int(steps), 1),
+        end_factor=final_fraction,
     )
 
 

@@ -17,6 +17,7 @@ from mathrl_jax.train.sft import (
     sft_batch,
     sft_examples,
     sft_loss,
+    sft_optimizer,
     sft_schedule,
     supervised_warmstart,
 )
@@ -186,6 +187,15 @@ def test_sft_schedule_warmup_then_cosine_or_constant():
     np.testing.assert_allclose([float(constant(s)) for s in (5, 10, 99)], [5e-4, 1e-3, 1e-3], rtol=1e-6)
     with pytest.raises(ValueError, match="'linear'"):
         sft_schedule(1e-3, 100, 0, schedule="linear")
+
+
+def test_constant_schedule_needs_no_length():
+    # The warm-start builds its constant-schedule optimizer with steps=0 (one compile for any length).
+    optimizer, lr = sft_optimizer(1e-3, 0, 10, "constant", 0.1, 0.0, 1.0)
+    np.testing.assert_allclose([float(lr(s)) for s in (0, 5, 10, 10_000)], [0.0, 5e-4, 1e-3, 1e-3], rtol=1e-6)
+    params = {"w": jnp.ones(3)}
+    updates, _ = optimizer.update({"w": jnp.ones(3)}, optimizer.init(params), params)
+    assert float(jnp.abs(updates["w"]).sum()) == 0.0  # step 0 of the warm-up: lr 0
 
 
 @pytest.fixture(scope="module")
