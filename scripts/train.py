@@ -67,7 +67,18 @@ def main(argv=None) -> int:
         )
     if curve:
         print("RL eval curve (iteration: greedy held-out accuracy): " + ", ".join(f"{i}: {a:.3f}" for i, a in curve))
-        print(f"RL phase gain: {curve[-1][1] - curve[0][1]:+.3f}")
+        print(
+            f"RL phase gain: {curve[-1][1] - curve[0][1]:+.3f} (greedy, {config.num_eval_problems} held-out problems)"
+        )
+    for name, metrics in (("RL start", summary.get("eval_start")), ("RL end", summary.get("eval_end"))):
+        if metrics and "eval/pass@1" in metrics:
+            k = config.eval_n_samples
+            print(
+                f"{name}: greedy accuracy {metrics['eval/accuracy']:.3f}, T={config.temperature:g} accuracy "
+                f"{metrics['eval/pass@1']:.3f}, pass@{k} {metrics[f'eval/pass@{k}']:.3f}"
+            )
+    if config.shuffle_rewards:
+        print("(control run: the verifier's rewards were shuffled within each batch)")
     return 0
 
 

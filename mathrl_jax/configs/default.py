@@ -1,9 +1,14 @@
 """The default configuration: the offline run, and every option a recipe may set.
 
 `python scripts/train.py` with no arguments uses it: the tiny Qwen-architecture
-model (written into the run directory, random weights), procedural arithmetic,
-the pure-JAX sampler, on the CPU. A short supervised warm-start brings the
-model to where sampling finds some correct answers; GRPO then does the rest.
+model (written into the run directory, random weights), two-digit a+b / a-b,
+the pure-JAX sampler, on the CPU. A supervised warm-start imitates a teacher
+that works column by column but drops the carry 70% of the time
+(`data/teacher.py`): the model learns the arithmetic and the teacher's slip, so
+greedy decoding fails the problems that carry while sampling still gets them
+right about 30% of the time. GRPO against the math verifier then has to find
+and keep the carry. `--config.shuffle_rewards=True` is the control: the same
+run with the rewards shuffled within each batch.
 
 Every recipe file (`configs/<name>.py`) starts from `get_config()` here and
 changes fields, so this file is the one place that lists every option and its
@@ -40,22 +45,22 @@ def get_config() -> ml_collections.ConfigDict:
     config.dataset_path = ""  # JSONL / parquet / datasets dir (not for arithmetic)
     config.eval_dataset_path = ""  # "" = a held-out split of the training source
     config.arithmetic = ml_collections.ConfigDict(
-        {"levels": (2,), "num_train": 8000, "num_eval": 200, "question_format": "{expr}="}
+        {"levels": (2,), "num_train": 8000, "num_eval": 500, "question_format": "{expr}="}
     )
     config.prompt_template = "plain"  # plain boxed verl_boxed r1_zero chat chat_plain
     config.max_prompt_length = 16
-    config.num_eval_problems = 200
+    config.num_eval_problems = 500  # 200 problems give about +-3 points of noise; 500 about +-2
 
     # --- rollout -----------------------------------------------------------------------
     config.sampler = "jax"  # jax | vllm
     config.n_rollout_threads = 32  # prompts per iteration
     config.group_size = 8  # samples per prompt (GRPO's G)
     config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)
-    config.max_new_tokens = 12
+    config.max_new_tokens = 40  # the worked solutions of the warm-start take up to 34 tokens
     config.temperature = 1.0
     config.top_p = 1.0
     config.top_k = 0
-    config.num_iterations = 60
+    config.num_iterations = 40
     config.num_env_steps = 0  # if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)
 
     # --- reward ------------------------------------------------------------------------
@@ -66,11 +71,15 @@ def get_config() -> ml_collections.ConfigDict:
         {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0, "format_reward": 0.0, "timeout_s": 5.0, "num_workers": 2}
     )
 
+    # The control: the verifier's rewards shuffled within each batch (same distribution, no information).
+    config.shuffle_rewards = False
+
     # --- update ------------------------------------------------------------------------
     config.ppo_epoch = 1
     config.num_mini_batch = 4
     config.micro_batch_size = 0  # 0 = the whole minibatch
-    # Small: RL starts a fresh Adam on a warm-started policy, and Adam's first steps move every weight by ~lr.
+    # Small: RL starts a fresh Adam on a warm-started policy, and Adam's first steps move every weight by ~lr
+    # (1e-4 already makes the offline default's held-out accuracy swing by 10 points between evaluations).
     config.lr = 3e-5
     config.critic_lr = 1e-3
     config.lr_schedule = "constant"  # constant linear cosine
@@ -96,12 +105,17 @@ def get_config() -> ml_collections.ConfigDict:
     config.behaviour_weight_cap = placeholder(float)
 
     # --- supervised warm-start (before RL, same command) ----------------------------------
-    config.warmstart = ml_collections.ConfigDict({"steps": 1200, "batch_size": 32, "lr": 1e-3, "warmup_steps": 50})
+    # targets: "teacher" = worked column-by-column solutions from a teacher that drops the carry / borrow with
+    # probability slip_rate (data/teacher.py; arithmetic level 2 only); "answer" = the bare "\\boxed{answer}".
+    config.warmstart = ml_collections.ConfigDict(
+        {"steps": 1200, "batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "targets": "teacher", "slip_rate": 0.7}
+    )
 
     # --- logging / eval / checkpoints -------------------------------------------------------
     config.log_interval = 1
     config.eval_interval = 10
-    config.eval_n_samples = 0  # > 0: also pass@k with this many samples at config.temperature
+    config.eval_n_samples = 8  # at the first and last evaluation: pass@1 (sampled accuracy) .. pass@k at temperature
+    config.num_logged_samples = 8  # held-out prompts written with their completions to run_dir/samples/ at each eval
     config.save_interval = 20
     config.max_to_keep = 2
     config.progress = True

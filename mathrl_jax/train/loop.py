@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax import sharding
-from mathrl_jax.data import arithmetic, prompts, sources
+from mathrl_jax.data import arithmetic, prompts, sources, teacher
 from mathrl_jax.models import hf, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler, SamplingParams
@@ -41,7 +41,7 @@ from mathrl_jax.train import sft
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.evaluation import evaluate
+from mathrl_jax.train.evaluation import completion_samples, evaluate
 from mathrl_jax.train.metrics import MetricsLogger, Progress
 
 RewardFn = Callable[[List[str], List[str]], Any]
@@ -124,12 +124,29 @@ def validate_config(config) -> None:
         _fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
         _fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
+    if c.shuffle_rewards and (c.env_name or c.reward_source != "verifier"):
+        _fail(
+            "shuffle_rewards (the control run) shuffles the verifier's per-response rewards: it needs "
+            f"reward_source='verifier' and no env_name, got {c.reward_source!r} and {c.env_name!r}"
+        )
     if c.env_name not in ("", "guess_number"):
         _fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn problems) or 'guess_number'")
     if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:
         _fail(f"unknown loss_agg_mode {c.loss_agg_mode!r}; expected one of {update_lib.losses.LOSS_AGG_MODES}")
     if c.lr_schedule not in state_lib.SCHEDULES:
         _fail(f"unknown lr_schedule {c.lr_schedule!r}; expected one of {state_lib.SCHEDULES}")
+    if c.warmstart.targets not in ("teacher", "answer"):
+        _fail(f"unknown warmstart.targets {c.warmstart.targets!r}; expected 'teacher' or 'answer'")
+    if c.warmstart.steps > 0 and c.warmstart.targets == "teacher":
+        levels = tuple(c.arithmetic.levels)
+        if c.dataset_name != "arithmetic" or levels != (2,):
+            _fail(
+                "warmstart.targets='teacher' writes worked solutions of two-digit a+b / a-b only: it needs "
+                f"dataset_name='arithmetic' with arithmetic.levels=(2,), got {c.dataset_name!r} with levels {levels}; "
+                "use --config.warmstart.targets=answer for other data"
+            )
+        if not 0.0 <= c.warmstart.slip_rate <= 1.0:
+            _fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
     try:
         sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
     except (sharding.MeshError, ValueError) as error:
@@ -317,6 +334,21 @@ def _greedy_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n
     )
 
 
+def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
+    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions, or the bare boxed answers."""
+    if config.warmstart.targets == "answer":
+        return sft.sft_examples(problems, codec, codec.eos_token_id)
+    solutions = teacher.teacher_solutions(
+        [p.question for p in problems],
+        slip_rate=config.warmstart.slip_rate,
+        seed=config.seed,
+        question_format=config.arithmetic.question_format,
+    )
+    return [
+        (codec.encode(p.question), codec.encode(text) + [codec.eos_token_id]) for p, text in zip(problems, solutions)
+    ]
+
+
 def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds):
     """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
     directory = os.path.join(run_dir, "warmstart_model")
@@ -326,7 +358,7 @@ def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         return directory, {}
     model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
     before = _greedy_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
-    examples = sft.sft_examples(train_problems, codec, codec.eos_token_id)
+    examples = warmstart_examples(config, codec, train_problems)
     start = time.time()
     new_state = sft.supervised_warmstart(
         model,
@@ -718,6 +750,16 @@ class SyncRollouts:
         pass
 
 
+def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarray:
+    """The control run's rewards: the batch's own scores in a random order (a function of seed and iteration).
+
+    Same reward distribution, no information about which response earned which:
+    whatever a policy learns from these, it does not learn from the verifier.
+    """
+    order = np.random.default_rng([seed, iteration, 0x5EED]).permutation(len(scores))
+    return np.asarray(scores)[order]
+
+
 def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     """One iteration (see the module docstring); updates `run.state` and the sampler's weights."""
     start = time.perf_counter()
@@ -733,6 +775,8 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         )
     if "verifier" not in run.config.reward_source:
         scores = np.zeros_like(scores)  # step rewards only
+    if run.config.shuffle_rewards:
+        scores = shuffled_rewards(scores, run.config.seed, iteration)
     batch, batch_metrics = prepare_batch(
         run,
         rollouts,
@@ -779,9 +823,44 @@ def save(run: Run, iteration: int, *, force: bool = False) -> bool:
     return run.checkpointer.save(iteration, run.state, metadata, force=force)
 
 
-def run_eval(run: Run) -> Dict[str, float]:
+def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
+    """Greedy held-out accuracy; with `sampled`, also pass@k from `eval_n_samples` samples at the RL
+    temperature (pass@1 is the sampled accuracy). Writes `run_dir/samples/` (`write_samples`)."""
     c = run.config
-    return _greedy_accuracy(c, run.sampler, run.codec, run.grader, run.eval_prompts, run.eval_golds, c.eval_n_samples)
+    n_samples = c.eval_n_samples if sampled else 0
+    metrics = _greedy_accuracy(c, run.sampler, run.codec, run.grader, run.eval_prompts, run.eval_golds, n_samples)
+    write_samples(run, iteration)
+    return metrics
+
+
+def write_samples(run: Run, iteration: int) -> Optional[str]:
+    """Writes `run_dir/samples/iteration_<k>.jsonl`: the first `num_logged_samples` held-out prompts, each
+    with its greedy completion and 4 samples at the RL temperature, graded (`completion_samples`)."""
+    c = run.config
+    count = min(c.num_logged_samples, len(run.eval_prompts))
+    if count == 0:
+        return None
+    records = completion_samples(
+        run.sampler,
+        run.eval_prompts[:count],
+        run.eval_golds[:count],
+        run.grader,
+        run.codec.decode,
+        max_new_tokens=c.max_new_tokens,
+        n_samples=4,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        seed=iteration_seed(c, iteration),
+        values=run.grader.grader.values,
+    )
+    directory = os.path.join(run.run_dir, "samples")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"iteration_{iteration:06d}.jsonl")
+    with open(path + ".tmp", "w") as f:
+        for record in records:
+            f.write(json.dumps(dict(record, iteration=iteration)) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def train(
@@ -826,15 +905,19 @@ def train(
                 )
             )
         if run.start_iteration == 0 and c.eval_interval:
-            metrics = run_eval(run)
+            metrics = run_eval(run, 0, sampled=True)
             run.logger.log(0, metrics)
             summary["eval"].append((0, metrics["eval/accuracy"]))
+            summary["eval_start"] = metrics
             progress.update(0, metrics)
         for iteration in range(run.start_iteration + 1, run.total_iterations + 1):
             metrics = train_iteration(run, iteration, source)
-            if c.eval_interval and (iteration % c.eval_interval == 0 or iteration == run.total_iterations):
-                metrics.update(run_eval(run))
+            last = iteration == run.total_iterations
+            if c.eval_interval and (iteration % c.eval_interval == 0 or last):
+                metrics.update(run_eval(run, iteration, sampled=last))
                 summary["eval"].append((iteration, metrics["eval/accuracy"]))
+                if last:
+                    summary["eval_end"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
             if iteration % c.log_interval == 0 or "eval/accuracy" in metrics:
                 run.logger.log(iteration, metrics)
             progress.update(iteration, metrics)

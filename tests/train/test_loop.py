@@ -186,3 +186,53 @@ def test_multi_turn_guess_number_with_rebn(model_dir, tmp_path):
     _, history = run_and_record(config, reward_fn=None)
     assert [i for i, _ in history] == [1, 2]
     assert all(1 <= m["rollout/episode_turns"] <= 3 for _, m in history)
+
+
+def test_shuffled_rewards_are_a_seeded_permutation_within_the_batch():
+    scores = np.arange(64, dtype=np.float32)
+    shuffled = loop.shuffled_rewards(scores, seed=0, iteration=3)
+    np.testing.assert_array_equal(np.sort(shuffled), scores)  # the same rewards, so the same distribution
+    assert np.mean(shuffled == scores) < 0.2  # ... on other responses
+    np.testing.assert_array_equal(shuffled, loop.shuffled_rewards(scores, seed=0, iteration=3))
+    assert not np.array_equal(shuffled, loop.shuffled_rewards(scores, seed=0, iteration=4))
+    assert not np.array_equal(shuffled, loop.shuffled_rewards(scores, seed=1, iteration=3))
+
+
+def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(model_dir, tmp_path):
+    import json
+
+    config = small_config(
+        model_dir, tmp_path / "eval", num_iterations=2, eval_interval=1, eval_n_samples=4, num_logged_samples=3
+    )
+    summary, history = run_and_record(config, reward_fn=None)
+    assert [i for i, _ in summary["eval"]] == [0, 1, 2]
+    for ends in (summary["eval_start"], summary["eval_end"]):
+        assert {"eval/accuracy", "eval/pass@1", "eval/pass@4"} <= set(ends)
+        assert 0.0 <= ends["eval/pass@1"] <= ends["eval/pass@4"] <= 1.0
+    assert "eval/pass@1" not in history[0][1]  # the evaluation in between is greedy only
+    files = sorted(os.listdir(tmp_path / "eval" / "samples"))
+    assert files == ["iteration_000000.jsonl", "iteration_000001.jsonl", "iteration_000002.jsonl"]
+    records = [json.loads(line) for line in open(tmp_path / "eval" / "samples" / files[-1])]
+    assert len(records) == 3 * (1 + 4)  # each prompt: greedy and 4 samples
+    assert {r["decoding"] for r in records} == {"greedy", "T=1"}
+    for record in records:
+        assert record["reward"] == (1.0 if record["correct"] else 0.0) and record["iteration"] == 2
+        assert record["prompt"].endswith("=") and isinstance(record["completion"], str)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"warmstart.steps": 5, "arithmetic.levels": (3,)}, "levels"),
+        ({"warmstart.steps": 5, "warmstart.targets": "gold"}, "'gold'"),
+        ({"warmstart.steps": 5, "warmstart.slip_rate": 1.5}, "1.5"),
+        (
+            {"shuffle_rewards": True, "env_name": "guess_number", "group_size": 1, "algorithm_name": "reinforce_rebn"},
+            "shuffle_rewards",
+        ),
+    ],
+)
+def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, model_dir, tmp_path):
+    config = small_config(model_dir, tmp_path / "bad", **overrides)
+    with pytest.raises(loop.TrainingError, match=message):
+        loop.validate_config(config)

@@ -1,0 +1,384 @@
+"""Learning curves over seeds: the RL run and its control (shuffled rewards), as a PNG and a markdown table.
+
+    python scripts/learning_curves.py [--seeds 0 1 2] [--out runs/curves] [--config PATH] [--no-control]
+                                      [--xla-flags "..."] [-- --config.key=value ...]
+
+For each seed k it runs `scripts/train.py` (the offline default, or `--config`) into `<out>/seed<k>`, then the
+control into `<out>/control<k>`: the same command with `--config.shuffle_rewards=True` (the verifier's rewards
+shuffled within each batch), started from the seed's warm-start model, which is copied into the control's run
+directory first so that both RL phases start from the same policy. Everything after `--` goes to every
+train.py call; `--xla-flags` replaces XLA_FLAGS in their environment (e.g. `--xla_cpu_use_onednn=true`, to
+check that the result survives another matmul backend). The runs share a JAX compilation cache
+(`<out>/jax_cache`, unless JAX_COMPILATION_CACHE_DIR is set), so a control does not compile again what its
+seed run compiled. A run already finished by the same command is read, not run again (`<out>/runs.json`).
+
+Writes `<out>/curves.png` (greedy held-out accuracy against the RL iteration: a solid line per seed, a dashed
+one per control) and `<out>/curves.md` (printed too): one row per seed, then the mean and min..max of the
+gains over the seeds.
+
+Reading it: "RL gain" is the greedy held-out accuracy at the last RL iteration minus that at iteration 0 (the
+warm-started policy). The control gets the same updates with rewards that carry no information, so its gain is
+what the RL phase does without learning from the verifier (drift, noise of the evaluation). RL works when the
+RL gains sit above the control gains by more than their spread over seeds; the evaluation's own noise is
+about +-1/sqrt(held-out problems) (500 problems: +-2 points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mathrl_jax.train.metrics import read_jsonl_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_SCRIPT = os.path.join(ROOT, "scripts", "train.py")
+# Set per run by this script: an override of them would mix up the runs.
+OWN_KEYS = ("run_dir", "seed", "shuffle_rewards")
+# What the control copies from its seed's run directory: the same starting model, and no warm-start of its own.
+SHARED_MODELS = ("initial_model", "warmstart_model")
+STDERR_TAIL_LINES = 40
+
+
+def fail(message: str) -> None:
+    print(f"learning_curves.py: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- reading runs
+
+
+def read_config(run_dir: str) -> dict[str, Any]:
+    """The run's `config.json` (written by train.py), or {} before it exists."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def final_iteration(config: dict[str, Any]) -> int | None:
+    """The last RL iteration of a run with this config (as mathrl_jax.train.loop.num_iterations)."""
+    if not config:
+        return None
+    if config.get("num_env_steps"):
+        per_iteration = config["n_rollout_threads"] * config["group_size"] * config["episode_length"]
+        return max(1, math.ceil(config["num_env_steps"] / per_iteration))
+    return int(config["num_iterations"])
+
+
+def read_run(run_dir: str) -> dict[str, Any]:
+    """A summary of a run directory's metrics.jsonl and config.json.
+
+    Keys: `curve` [(iteration, greedy held-out accuracy)]; `rl_start`, `rl_end`, `rl_gain` (greedy, first and
+    last evaluation); `sampled_start`, `sampled_end` (eval/pass@1: accuracy of one sample at the RL
+    temperature); `pass_k` and `pass_at_k_start`, `pass_at_k_end` (k = the config's eval_n_samples);
+    `warmstart_before`, `warmstart_after`, `warmstart_seconds`; `num_eval_problems`, `temperature`,
+    `shuffle_rewards`, `final_iteration`, `finished` (the last iteration was evaluated). A value the run did not
+    log is None.
+    """
+    config = read_config(run_dir)
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl_metrics(run_dir):
+        # Several lines per step (warm-start, then eval, at step 0); a resumed run logs a step again: later wins.
+        by_step.setdefault(record["step"], {}).update(record)
+    evaluated = sorted(step for step, record in by_step.items() if record.get("eval/accuracy") is not None)
+    curve = [(step, float(by_step[step]["eval/accuracy"])) for step in evaluated]
+    k = config.get("eval_n_samples")
+    if k is None:  # no config.json: the largest k logged
+        ks = [int(key.split("@")[1]) for record in by_step.values() for key in record if key.startswith("eval/pass@")]
+        k = max(ks) if ks else None
+    first = by_step[evaluated[0]] if evaluated else {}
+    last = by_step[evaluated[-1]] if evaluated else {}
+    warm = next((r for s, r in sorted(by_step.items()) if "warmstart/eval_accuracy_after" in r), {})
+    final = final_iteration(config)
+    return {
+        "run_dir": run_dir,
+        "curve": curve,
+        "rl_start": curve[0][1] if curve else None,
+        "rl_end": curve[-1][1] if curve else None,
+        "rl_gain": curve[-1][1] - curve[0][1] if curve else None,
+        "sampled_start": first.get("eval/pass@1"),
+        "sampled_end": last.get("eval/pass@1"),
+        "pass_k": k,
+        "pass_at_k_start": first.get(f"eval/pass@{k}"),
+        "pass_at_k_end": last.get(f"eval/pass@{k}"),
+        "warmstart_before": warm.get("warmstart/eval_accuracy_before"),
+        "warmstart_after": warm.get("warmstart/eval_accuracy_after"),
+        "warmstart_seconds": warm.get("warmstart/seconds"),
+        "num_eval_problems": config.get("num_eval_problems"),
+        "temperature": config.get("temperature"),
+        "shuffle_rewards": config.get("shuffle_rewards"),
+        "final_iteration": final,
+        "finished": final is not None and bool(curve) and curve[-1][0] == final,
+    }
+
+
+# ----------------------------------------------------------------------------- table and plot
+
+
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _gain(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _start_end(start: float | None, end: float | None) -> str:
+    return "-" if start is None and end is None else f"{_acc(start)} -> {_acc(end)}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _spread(values: Sequence[float]) -> str:
+    """Mean (min..max) of signed values, or "-"."""
+    if not values:
+        return "-"
+    return f"{_gain(_mean(values))} ({_gain(min(values))}..{_gain(max(values))})"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The markdown table of `rows`: {"seed": int, "run": read_run(...), "control": read_run(...) or None}, each
+    summary optionally with "wall_seconds". The control's warm-start is its seed's (the control reuses it).
+    Last, a row with the mean of the accuracies and the mean (min..max) of the gains over the seeds."""
+    runs = [row["run"] for row in rows]
+    ks = {run["pass_k"] for run in runs if run["pass_k"] is not None}
+    temperatures = {run["temperature"] for run in runs if run["temperature"] is not None}
+    pass_name = f"pass@{ks.pop()}" if len(ks) == 1 else "pass@k"
+    sampled_name = f"T={temperatures.pop():g} acc" if len(temperatures) == 1 else "sampled acc"
+    header = [
+        "seed",
+        "warm-start acc (greedy, after SFT)",
+        "RL start (greedy)",
+        "RL end (greedy)",
+        "RL gain",
+        "control end (greedy)",
+        "control gain",
+        f"{sampled_name} start -> end",
+        f"{pass_name} start -> end",
+        "wall time (s): run / control",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        run, control = row["run"], row.get("control") or {}
+        cells = [
+            str(row["seed"]),
+            _acc(run["warmstart_after"]),
+            _acc(run["rl_start"]),
+            _acc(run["rl_end"]),
+            _gain(run["rl_gain"]),
+            _acc(control.get("rl_end")),
+            _gain(control.get("rl_gain")),
+            _start_end(run["sampled_start"], run["sampled_end"]),
+            _start_end(run["pass_at_k_start"], run["pass_at_k_end"]),
+            f"{_seconds(run.get('wall_seconds'))} / {_seconds(control.get('wall_seconds'))}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    def present(values):
+        return [v for v in values if v is not None]
+
+    controls = [row.get("control") or {} for row in rows]
+    summary = [
+        "mean (min..max)",
+        _acc(_mean(present(run["warmstart_after"] for run in runs))),
+        _acc(_mean(present(run["rl_start"] for run in runs))),
+        _acc(_mean(present(run["rl_end"] for run in runs))),
+        _spread(present(run["rl_gain"] for run in runs)),
+        _acc(_mean(present(c.get("rl_end") for c in controls))),
+        _spread(present(c.get("rl_gain") for c in controls)),
+        "",
+        "",
+        "",
+    ]
+    lines.append("| " + " | ".join(summary) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], path: str) -> str:
+    """Greedy held-out accuracy against the RL iteration: solid blues for the seeds, dashed oranges for the
+    controls. Saves a PNG at `path` and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    # Shades from light to dark, so that seed k and control k have the same rank in their families.
+    shades = [0.5 + 0.45 * i / max(1, len(rows) - 1) for i in range(len(rows))]
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for row, shade in zip(rows, shades):
+        for key, cmap, style, label in (
+            ("run", "Blues", "-", f"seed {row['seed']}"),
+            ("control", "Oranges", "--", f"control {row['seed']} (shuffled rewards)"),
+        ):
+            summary = row.get(key)
+            if not summary or not summary["curve"]:
+                continue
+            steps, accuracies = zip(*summary["curve"])
+            ax.plot(
+                steps,
+                accuracies,
+                linestyle=style,
+                color=plt.get_cmap(cmap)(shade),
+                marker="." if len(steps) < 50 else None,
+                linewidth=1.5,
+                label=label,
+            )
+    problems = {row["run"]["num_eval_problems"] for row in rows} - {None}
+    title = "Greedy held-out accuracy during RL"
+    if len(problems) == 1:
+        title += f" ({problems.pop()} held-out problems)"
+    ax.set_title(title)
+    ax.set_xlabel("RL iteration")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_ylabel("greedy held-out accuracy")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def load_ledger(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save_ledger(path: str, ledger: dict[str, Any]) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(ledger, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def run_train(name: str, command: list[str], run_dir: str, env: dict[str, str], out: str, ledger: dict) -> float:
+    """Runs one train.py (or reuses it when the same command already finished it); returns its wall seconds."""
+    entry = ledger.get(name)
+    done = entry and entry["command"] == command and entry["xla_flags"] == env.get("XLA_FLAGS")
+    if done and os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and read_run(run_dir)["finished"]:
+        print(f"{name}: already finished by the same command, reusing {run_dir}", flush=True)
+        return entry["seconds"]
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    stderr_path = os.path.join(out, "logs", f"{name}.stderr")
+    print(f"{name}: {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    # stdout (train.py's summary) is inherited; stderr (JAX's warnings) goes to a file, shown if the run fails.
+    with open(stderr_path, "w", encoding="utf-8") as stderr:
+        status = subprocess.run([sys.executable, *command], env=env, stderr=stderr).returncode
+    seconds = time.perf_counter() - start
+    if status != 0:
+        with open(stderr_path, encoding="utf-8", errors="replace") as f:
+            tail = "".join(f.readlines()[-STDERR_TAIL_LINES:])
+        print(tail, file=sys.stderr, end="" if tail.endswith("\n") else "\n")
+        fail(f"the {name} run ({run_dir}) failed with exit status {status} (its stderr: {stderr_path})")
+    ledger[name] = {"command": command, "xla_flags": env.get("XLA_FLAGS"), "seconds": seconds}
+    save_ledger(os.path.join(out, "runs.json"), ledger)
+    return seconds
+
+
+def copy_start_models(seed_dir: str, control_dir: str) -> None:
+    """The seed run's starting models into the control's run dir: the control then skips the warm-start."""
+    os.makedirs(control_dir, exist_ok=True)
+    for name in SHARED_MODELS:
+        source, target = os.path.join(seed_dir, name), os.path.join(control_dir, name)
+        if os.path.isdir(source) and not os.path.exists(target):
+            shutil.copytree(source, target)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    # XLA flags start with "--", which argparse would read as an option of its own: glue them to their name.
+    for i in range(len(own) - 1):
+        if own[i] == "--xla-flags":
+            own[i : i + 2] = [f"--xla-flags={own[i + 1]}"]
+            break
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] [-- --config.key=value ...]",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the seeds (default: 0 1 2)")
+    parser.add_argument("--out", default="runs/curves", help="output directory (default: runs/curves)")
+    parser.add_argument("--config", help="a mathrl_jax config file (default: train.py's, configs/default.py)")
+    parser.add_argument("--no-control", action="store_true", help="skip the control runs (shuffled rewards)")
+    parser.add_argument("--xla-flags", help="XLA_FLAGS of the training runs (replaces the environment's)")
+    args = parser.parse_args(own)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {' '.join(map(str, args.seeds))} repeats a seed")
+    for flag in overrides:
+        key = flag.split("=", 1)[0].removeprefix("--config.")
+        if key in OWN_KEYS:
+            parser.error(f"{flag}: this script sets --config.{key} for each run")
+    return args, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ)
+    if args.xla_flags is not None:
+        env["XLA_FLAGS"] = args.xla_flags
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(out, "jax_cache"))
+    base = [TRAIN_SCRIPT]
+    if args.config:
+        base.append(f"--config={os.path.abspath(args.config)}")
+    base += ["--config.progress=False", *overrides]
+    ledger = load_ledger(os.path.join(out, "runs.json"))
+    rows = []
+    for seed in args.seeds:
+        seed_dir = os.path.join(out, f"seed{seed}")
+        command = [*base, f"--config.run_dir={seed_dir}", f"--config.seed={seed}"]
+        seconds = run_train(f"seed{seed}", command, seed_dir, env, out, ledger)
+        row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
+        if not args.no_control:
+            control_dir = os.path.join(out, f"control{seed}")
+            copy_start_models(seed_dir, control_dir)
+            command = [*base, f"--config.run_dir={control_dir}", f"--config.seed={seed}"]
+            command.append("--config.shuffle_rewards=True")
+            seconds = run_train(f"control{seed}", command, control_dir, env, out, ledger)
+            row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
+        rows.append(row)
+    png = plot_curves(rows, os.path.join(out, "curves.png"))
+    table = markdown_table(rows)
+    problems = rows[0]["run"]["num_eval_problems"]
+    note = f"Greedy accuracy on {problems} held-out problems" if problems else "Greedy held-out accuracy"
+    gaps = [
+        row["run"]["rl_gain"] - row["control"]["rl_gain"]
+        for row in rows
+        if row["control"] and row["control"]["rl_gain"] is not None and row["run"]["rl_gain"] is not None
+    ]
+    if gaps:
+        note += f"; RL gain minus control gain, mean over seeds: {_gain(_mean(gaps))}"
+    text = f"{table}\n{note}.\n"
+    with open(os.path.join(out, "curves.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"\n{text}\nwrote {png} and {os.path.join(out, 'curves.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

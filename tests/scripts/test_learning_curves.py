@@ -1,0 +1,207 @@
+"""scripts/learning_curves.py: a seed run and its control end to end (tiny config), and the table / plot of
+hand-written metrics checked against values computed here."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "learning_curves.py")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# About 35 s for the seed run and 10 s for its control on 2 CPU cores: one or two RL iterations, few problems,
+# short completions, no logged samples; the control reuses the seed's compilations (the script's JAX cache).
+TINY = [
+    "--config.warmstart.steps=5",
+    "--config.warmstart.batch_size=8",
+    "--config.num_iterations=2",
+    "--config.eval_interval=1",
+    "--config.n_rollout_threads=2",
+    "--config.group_size=2",
+    "--config.num_mini_batch=1",
+    "--config.arithmetic.num_train=100",
+    "--config.arithmetic.num_eval=8",
+    "--config.num_eval_problems=8",
+    "--config.eval_n_samples=2",
+    "--config.num_logged_samples=0",
+    "--config.max_new_tokens=8",
+    "--config.save_interval=0",
+    "--config.export_final=False",
+]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("learning_curves", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the script's own cache, under --out
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def merged_steps(run_dir):
+    """{step: the merged metrics of its lines} straight from metrics.jsonl, later lines winning."""
+    steps = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                steps.setdefault(record["step"], {}).update(record)
+    return steps
+
+
+def table_row(markdown, first_cell):
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in\n{markdown}")
+
+
+def check_png(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000, len(data)
+
+
+def test_a_seed_and_its_control_end_to_end(tmp_path):
+    out = tmp_path / "curves"
+    args = ["--seeds", "0", "--out", str(out), "--xla-flags", "--xla_force_host_platform_device_count=1", "--"]
+    result = run_script(*args, *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_png(out / "curves.png")
+    markdown = (out / "curves.md").read_text()
+    assert markdown.split("\n\n")[0] in result.stdout  # the table is printed too
+
+    seed_dir, control_dir = out / "seed0", out / "control0"
+    seed, control = merged_steps(seed_dir), merged_steps(control_dir)
+    assert max(seed) == max(control) == 2
+    start, end = seed[0]["eval/accuracy"], seed[2]["eval/accuracy"]
+    control_start, control_end = control[0]["eval/accuracy"], control[2]["eval/accuracy"]
+    cells = table_row(markdown, "0")
+    assert cells[1] == f"{seed[0]['warmstart/eval_accuracy_after']:.3f}"
+    assert cells[2:7] == [
+        f"{start:.3f}",
+        f"{end:.3f}",
+        f"{end - start:+.3f}",
+        f"{control_end:.3f}",
+        f"{control_end - control_start:+.3f}",
+    ]
+    assert cells[7] == f"{seed[0]['eval/pass@1']:.3f} -> {seed[2]['eval/pass@1']:.3f}"
+    assert cells[8] == f"{seed[0]['eval/pass@2']:.3f} -> {seed[2]['eval/pass@2']:.3f}"  # eval_n_samples=2
+    assert "pass@2 start -> end" in markdown and "T=1 acc" in markdown
+    run_seconds, control_seconds = (float(s) for s in cells[9].split(" / "))
+    assert run_seconds > 0 and control_seconds > 0
+
+    # The control: the seed's starting models, the shuffled rewards, no warm-start of its own.
+    for name in ("initial_model", "warmstart_model"):
+        comparison = filecmp.dircmp(seed_dir / name, control_dir / name)
+        assert comparison.left_list and not (comparison.diff_files or comparison.left_only or comparison.right_only)
+    assert json.loads((control_dir / "config.json").read_text())["shuffle_rewards"] is True
+    assert json.loads((seed_dir / "config.json").read_text())["shuffle_rewards"] is False
+    assert all("warmstart/seconds" not in metrics for metrics in control.values())
+    assert "warmstart/seconds" in seed[0]
+
+    # The same command again reads the finished runs instead of training.
+    again = run_script(*args, *TINY)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("already finished by the same command") == 2
+    assert (out / "curves.md").read_text() == markdown
+    assert merged_steps(seed_dir) == seed
+
+
+def test_a_failing_run_is_named_with_its_stderr(tmp_path):
+    result = run_script("--seeds", "3", "--out", str(tmp_path), "--", "--config.lr=fast")
+    assert result.returncode != 0
+    assert "the seed3 run" in result.stderr and "fast" in result.stderr  # train.py's own message, in the tail
+    assert not (tmp_path / "curves.md").exists()
+
+
+def write_run(run_dir, records, **config):
+    run_dir.mkdir(parents=True)
+    config = {"num_iterations": 4, "num_env_steps": 0, "eval_n_samples": 4, "temperature": 1.0, **config}
+    (run_dir / "config.json").write_text(json.dumps({"num_eval_problems": 50, **config}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def eval_record(step, accuracy, sampled=None, pass4=None):
+    record = {"step": step, "time": 0.0, "eval/accuracy": accuracy}
+    if sampled is not None:
+        record.update({"eval/pass@1": sampled, "eval/pass@2": 0.9, "eval/pass@4": pass4})
+    return record
+
+
+def test_read_run_and_markdown_table_on_hand_written_metrics(tmp_path):
+    module = load_script()
+    warm = {"step": 0, "time": 0.0, "warmstart/eval_accuracy_before": 0.1, "warmstart/eval_accuracy_after": 0.4}
+    warm["warmstart/seconds"] = 12.0
+    train_line = {"step": 1, "time": 0.0, "rollout/accuracy": 0.3}
+    curves = {  # seed: (greedy accuracies at steps 0, 2, 4; control's)
+        0: ([0.40, 0.46, 0.52], [0.40, 0.38, 0.42]),
+        1: ([0.30, 0.30, 0.29], [0.30, 0.31, 0.27]),
+    }
+    rows = []
+    for seed, (accuracies, control_accuracies) in curves.items():
+        records = [warm, eval_record(0, accuracies[0], 0.35, 0.6), train_line, eval_record(2, 0.0)]
+        # A resumed run logs step 2 again: the later line is the one that counts.
+        records += [eval_record(2, accuracies[1]), eval_record(4, accuracies[2], 0.45, 0.7)]
+        write_run(tmp_path / f"seed{seed}", records)
+        control = [eval_record(0, control_accuracies[0], 0.35, 0.6), eval_record(2, control_accuracies[1])]
+        write_run(tmp_path / f"control{seed}", [*control, eval_record(4, control_accuracies[2], 0.3, 0.5)])
+        rows.append(
+            {
+                "seed": seed,
+                "run": dict(module.read_run(str(tmp_path / f"seed{seed}")), wall_seconds=100.0 + seed),
+                "control": dict(module.read_run(str(tmp_path / f"control{seed}")), wall_seconds=50.4),
+            }
+        )
+
+    run = rows[0]["run"]
+    assert run["curve"] == [(0, 0.40), (2, 0.46), (4, 0.52)]
+    assert run["rl_gain"] == pytest.approx(0.12) and run["finished"] and run["pass_k"] == 4
+    assert (run["pass_at_k_start"], run["pass_at_k_end"]) == (0.6, 0.7)
+    assert rows[0]["control"]["warmstart_after"] is None  # the control's warm-start is its seed's
+
+    markdown = module.markdown_table(rows)
+    assert "pass@4 start -> end" in markdown and "T=1 acc start -> end" in markdown
+    assert table_row(markdown, "0") == [
+        "0", "0.400", "0.400", "0.520", "+0.120", "0.420", "+0.020", "0.350 -> 0.450", "0.600 -> 0.700", "100 / 50"
+    ]  # fmt: skip
+    assert table_row(markdown, "1")[4:7] == ["-0.010", "0.270", "-0.030"]
+    gains = [a[2] - a[0] for a, _ in curves.values()]
+    control_gains = [c[2] - c[0] for _, c in curves.values()]
+    summary = table_row(markdown, "mean (min..max)")
+    assert summary[3] == f"{(0.52 + 0.29) / 2:.3f}"
+    assert summary[4] == f"{sum(gains) / 2:+.3f} ({min(gains):+.3f}..{max(gains):+.3f})" == "+0.055 (-0.010..+0.120)"
+    assert summary[6] == f"{sum(control_gains) / 2:+.3f} ({min(control_gains):+.3f}..{max(control_gains):+.3f})"
+
+    unfinished = tmp_path / "unfinished"
+    write_run(unfinished, [eval_record(0, 0.5, 0.4, 0.6), eval_record(2, 0.5)])
+    assert not module.read_run(str(unfinished))["finished"]
+    without_control = module.markdown_table([{"seed": 7, "run": module.read_run(str(unfinished)), "control": None}])
+    assert table_row(without_control, "7")[5:] == ["-", "-", "0.400 -> -", "0.600 -> -", "- / -"]
+
+    png = module.plot_curves(rows, str(tmp_path / "curves.png"))
+    check_png(png)
+
+
+def test_overrides_of_the_per_run_keys_are_refused():
+    module = load_script()
+    with pytest.raises(SystemExit):
+        module.parse_args(["--seeds", "0", "--", "--config.seed=3"])
+    args, overrides = module.parse_args(["--seeds", "1", "2", "--no-control", "--", "--config.lr=1e-4"])
+    assert args.seeds == [1, 2] and args.no_control and overrides == ["--config.lr=1e-4"]
+    args, overrides = module.parse_args(["--xla-flags", "--xla_cpu_use_onednn=true", "--out", "x"])
+    assert args.xla_flags == "--xla_cpu_use_onednn=true" and args.out == "x" and overrides == []
