@@ -22,11 +22,13 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
     parser.add_argument("--dataset", default="arithmetic", help="'arithmetic' or a local JSONL/parquet/datasets path")
     parser.add_argument("--layout", default="auto", help="data layout: auto math500 gsm8k areal_boba")
-    parser.add_argument("--levels", default="1,2", help="arithmetic levels")
+    parser.add_argument("--levels", default="2", help="arithmetic levels (the offline default trains on 2)")
     parser.add_argument("--question-format", default="{expr}=", help="arithmetic question format")
     parser.add_argument("--template", default="plain", help="prompt template")
-    parser.add_argument("--num-problems", type=int, default=200)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--num-problems", type=int, default=500)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=40, help="40 fits the worked solutions of the offline default"
+    )
     parser.add_argument("--n-samples", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--sampler", choices=["jax", "vllm"], default="jax")

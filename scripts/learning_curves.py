@@ -19,8 +19,8 @@ gains over the seeds.
 Reading it: "RL gain" is the greedy held-out accuracy at the last RL iteration minus that at iteration 0 (the
 warm-started policy). The control gets the same updates with rewards that carry no information, so its gain is
 what the RL phase does without learning from the verifier (drift, noise of the evaluation). RL works when the
-RL gains sit above the control gains by more than their spread over seeds; the evaluation's own noise is
-about +-1/sqrt(held-out problems) (500 problems: +-2 points).
+RL gains sit above the control gains by more than their spread over seeds; the evaluation's own noise is at
+most 0.5/sqrt(held-out problems), one standard deviation (500 problems: +-2.2 points).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mathrl_jax.train.metrics import read_jsonl_metrics
@@ -272,13 +272,33 @@ def save_ledger(path: str, ledger: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def run_train(name: str, command: list[str], run_dir: str, env: dict[str, str], out: str, ledger: dict) -> float:
-    """Runs one train.py (or reuses it when the same command already finished it); returns its wall seconds."""
+def run_train(
+    name: str,
+    command: list[str],
+    run_dir: str,
+    env: dict[str, str],
+    out: str,
+    ledger: dict,
+    prepare: Callable[[], None] | None = None,
+) -> float:
+    """Runs one train.py (or reuses it when the same command already finished it); returns its wall seconds.
+
+    A run directory left by another command (other overrides or XLA flags) is removed first: train.py would
+    resume it and mix the two. One left unfinished by the same command is resumed. `prepare()` runs just
+    before train.py (the control copies its seed's models then)."""
     entry = ledger.get(name)
-    done = entry and entry["command"] == command and entry["xla_flags"] == env.get("XLA_FLAGS")
-    if done and os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and read_run(run_dir)["finished"]:
+    same = bool(entry) and entry["command"] == command and entry["xla_flags"] == env.get("XLA_FLAGS")
+    finished = os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and read_run(run_dir)["finished"]
+    if same and entry.get("seconds") is not None and finished:
         print(f"{name}: already finished by the same command, reusing {run_dir}", flush=True)
         return entry["seconds"]
+    if not same and os.path.exists(run_dir):
+        print(f"{name}: {run_dir} was made by another command; starting it over", flush=True)
+        shutil.rmtree(run_dir)
+    ledger[name] = {"command": command, "xla_flags": env.get("XLA_FLAGS"), "seconds": None}  # started
+    save_ledger(os.path.join(out, "runs.json"), ledger)
+    if prepare is not None:
+        prepare()
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     stderr_path = os.path.join(out, "logs", f"{name}.stderr")
     print(f"{name}: {' '.join(command)}", flush=True)
@@ -356,10 +376,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
         if not args.no_control:
             control_dir = os.path.join(out, f"control{seed}")
-            copy_start_models(seed_dir, control_dir)
             command = [*base, f"--config.run_dir={control_dir}", f"--config.seed={seed}"]
             command.append("--config.shuffle_rewards=True")
-            seconds = run_train(f"control{seed}", command, control_dir, env, out, ledger)
+            seconds = run_train(
+                f"control{seed}",
+                command,
+                control_dir,
+                env,
+                out,
+                ledger,
+                prepare=lambda: copy_start_models(seed_dir, control_dir),
+            )
             row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
         rows.append(row)
     png = plot_curves(rows, os.path.join(out, "curves.png"))

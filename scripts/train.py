@@ -67,9 +67,9 @@ def main(argv=None) -> int:
         )
     if curve:
         print("RL eval curve (iteration: greedy held-out accuracy): " + ", ".join(f"{i}: {a:.3f}" for i, a in curve))
-        print(
-            f"RL phase gain: {curve[-1][1] - curve[0][1]:+.3f} (greedy, {config.num_eval_problems} held-out problems)"
-        )
+        if curve[0][0] == 0:  # a resumed run's curve starts later: no gain of the whole phase to report
+            problems = summary["num_eval_problems"]
+            print(f"RL phase gain: {curve[-1][1] - curve[0][1]:+.3f} (greedy, {problems} held-out problems)")
     for name, metrics in (("RL start", summary.get("eval_start")), ("RL end", summary.get("eval_end"))):
         if metrics and "eval/pass@1" in metrics:
             k = config.eval_n_samples

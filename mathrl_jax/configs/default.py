@@ -7,8 +7,8 @@ that works column by column but drops the carry 70% of the time
 (`data/teacher.py`): the model learns the arithmetic and the teacher's slip, so
 greedy decoding fails the problems that carry while sampling still gets them
 right about 30% of the time. GRPO against the math verifier then has to find
-and keep the carry. `--config.shuffle_rewards=True` is the control: the same
-run with the rewards shuffled within each batch.
+and keep the carry. `--config.shuffle_rewards=True --config.run_dir=runs/control`
+is the control: the same run with the rewards shuffled within each batch.
 
 Every recipe file (`configs/<name>.py`) starts from `get_config()` here and
 changes fields, so this file is the one place that lists every option and its
@@ -56,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.n_rollout_threads = 32  # prompts per iteration
     config.group_size = 8  # samples per prompt (GRPO's G)
     config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)
-    config.max_new_tokens = 40  # the worked solutions of the warm-start take up to 34 tokens
+    config.max_new_tokens = 40  # the warm-start's worked solutions take up to 33 tokens with EOS
     config.temperature = 1.0
     config.top_p = 1.0
     config.top_k = 0

@@ -39,6 +39,7 @@ def get_config():
     config.loss_agg_mode = "token-mean"
     config.warmstart.steps = 0
     config.eval_interval = 25
+    config.eval_n_samples = 0  # greedy only; e.g. 8 for pass@8 at the start and end (8x the generation)
     config.save_interval = 25
     config.num_eval_problems = 500
     return config

@@ -43,6 +43,7 @@ def get_config():
     config.max_grad_norm = 0.5
     config.warmstart.steps = 0
     config.eval_interval = 20
+    config.eval_n_samples = 0  # greedy only; e.g. 8 for pass@8 at the start and end (8x the generation)
     config.save_interval = 20
     config.log_interval = 1
     return config

@@ -15,7 +15,7 @@ The tens column always names its carry (`+1` / `+0`, `-1` / `-0`), so every
 solution has the same shape and a slip is one token: `0` where `1` belongs. A
 subtraction first writes the larger operand minus the smaller (`x-y:`), and
 the answer takes the sign of `a-b`. A problem "needs a carry" when its units
-column overflows (addition) or borrows (subtraction): about 45% of them.
+column overflows (addition) or borrows (subtraction): about 43% of them.
 
 The teacher slips on a problem that needs a carry with probability
 `slip_rate`, deciding per (problem, draw) by a hash, so the same arguments give

@@ -95,6 +95,7 @@ def validate_config(config) -> None:
         "micro_batch_size",
         "max_head_offpolicyness",
         "eval_n_samples",
+        "num_logged_samples",
     ):
         if int(c[name]) < 0:
             _fail(f"{name}={c[name]} must be >= 0")
@@ -137,16 +138,8 @@ def validate_config(config) -> None:
         _fail(f"unknown lr_schedule {c.lr_schedule!r}; expected one of {state_lib.SCHEDULES}")
     if c.warmstart.targets not in ("teacher", "answer"):
         _fail(f"unknown warmstart.targets {c.warmstart.targets!r}; expected 'teacher' or 'answer'")
-    if c.warmstart.steps > 0 and c.warmstart.targets == "teacher":
-        levels = tuple(c.arithmetic.levels)
-        if c.dataset_name != "arithmetic" or levels != (2,):
-            _fail(
-                "warmstart.targets='teacher' writes worked solutions of two-digit a+b / a-b only: it needs "
-                f"dataset_name='arithmetic' with arithmetic.levels=(2,), got {c.dataset_name!r} with levels {levels}; "
-                "use --config.warmstart.targets=answer for other data"
-            )
-        if not 0.0 <= c.warmstart.slip_rate <= 1.0:
-            _fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
+    if not 0.0 <= c.warmstart.slip_rate <= 1.0:
+        _fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
     try:
         sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
     except (sharding.MeshError, ValueError) as error:
@@ -207,6 +200,26 @@ class SerialGrader:
 
 
 # ----------------------------------------------------------------------------- data
+
+
+def check_warmstart_data(config) -> None:
+    """The teacher's worked solutions exist for two-digit a+b / a-b only (checked after the data loads, so that
+    a missing or malformed data file is reported first)."""
+    w = config.warmstart
+    if w.steps <= 0 or w.targets != "teacher":
+        return
+    if config.dataset_name != "arithmetic":
+        _fail(
+            f"warmstart.targets='teacher' writes worked solutions of the arithmetic task only, not of "
+            f"dataset_name={config.dataset_name!r}: use --config.warmstart.targets=answer (imitate the gold "
+            "answers) or --config.warmstart.steps=0 (no warm-start)"
+        )
+    levels = tuple(config.arithmetic.levels)
+    if levels != (2,):
+        _fail(
+            f"warmstart.targets='teacher' solves two-digit a+b / a-b (arithmetic level 2) only, got "
+            f"arithmetic.levels={levels}: use --config.arithmetic.levels=2 or --config.warmstart.targets=answer"
+        )
 
 
 def load_data(config):
@@ -335,18 +348,43 @@ def _greedy_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n
 
 
 def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
-    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions, or the bare boxed answers."""
+    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`), or the bare
+    boxed answers. Prompts are the RL prompts (the same template), targets end with EOS."""
+    prompt_ids = _prompt_ids(config, codec, problems)
     if config.warmstart.targets == "answer":
-        return sft.sft_examples(problems, codec, codec.eos_token_id)
-    solutions = teacher.teacher_solutions(
-        [p.question for p in problems],
-        slip_rate=config.warmstart.slip_rate,
-        seed=config.seed,
-        question_format=config.arithmetic.question_format,
-    )
-    return [
-        (codec.encode(p.question), codec.encode(text) + [codec.eos_token_id]) for p, text in zip(problems, solutions)
-    ]
+        targets = [sft.BOXED_COMPLETION.format(answer=p.answer) for p in problems]
+    else:
+        targets = teacher.teacher_solutions(
+            [p.question for p in problems],
+            slip_rate=config.warmstart.slip_rate,
+            seed=config.seed,
+            question_format=config.arithmetic.question_format,
+        )
+    return [(prompt, codec.encode(text) + [codec.eos_token_id]) for prompt, text in zip(prompt_ids, targets)]
+
+
+WARMSTART_RECORD = "mathrl_jax_warmstart.json"
+"""Written beside the warm-started model: the settings that made it, checked when a run reuses it."""
+
+
+def _warmstart_settings(config) -> Dict[str, Any]:
+    return {"seed": int(config.seed), **config.warmstart.to_dict()}
+
+
+def _check_reused_warmstart(config, directory: str) -> None:
+    path = os.path.join(directory, WARMSTART_RECORD)
+    if not os.path.isfile(path):  # made before the record existed: nothing to compare
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    wanted = json.loads(json.dumps(_warmstart_settings(config)))  # tuples as lists, as saved
+    changed = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
+    if changed:
+        differences = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        _fail(
+            f"{directory} was warm-started with other settings ({differences}); a run reuses its warm-start: "
+            "use a new --config.run_dir, or remove that directory to redo it"
+        )
 
 
 def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds):
@@ -355,6 +393,7 @@ def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, 
     if config.warmstart.steps <= 0:
         return model_dir, {}
     if os.path.isdir(directory):
+        _check_reused_warmstart(config, directory)
         return directory, {}
     model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
     before = _greedy_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
@@ -377,6 +416,8 @@ def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, 
 
     def write(d):
         hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
+        with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
+            json.dump(_warmstart_settings(config), f, indent=2)
 
     _write_atomically(directory, write)
     metrics = {
@@ -392,6 +433,7 @@ def build_run(config) -> Run:
     """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
     validate_config(config)
     train_problems, eval_problems = load_data(config)
+    check_warmstart_data(config)
     _check_model_path(config)
     if config.prm_model_name_or_path and not os.path.isdir(config.prm_model_name_or_path):
         _fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
@@ -485,6 +527,7 @@ def build_run(config) -> Run:
     )
     start_iteration = 0
     if config.resume and checkpointer.latest_step() is not None:
+        _check_resumed_config(config, run_dir)
         state, metadata = checkpointer.restore(state)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
@@ -528,6 +571,24 @@ def build_run(config) -> Run:
         prm=prm,
         model_dir=start_dir,
     )
+
+
+RUN_IDENTITY = ("seed", "algorithm_name", "shuffle_rewards")
+"""Config keys a resumed run must share with the run it continues (e.g. a control must not resume the real run)."""
+
+
+def _check_resumed_config(config, run_dir: str) -> None:
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    changed = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_IDENTITY if k in saved and saved[k] != config[k]]
+    if changed:
+        _fail(
+            f"run_dir {run_dir!r} holds a run with other settings ({', '.join(changed)}), which this run would "
+            "resume: use another --config.run_dir, or --config.resume=False to start over"
+        )
 
 
 def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainState:
@@ -751,7 +812,8 @@ class SyncRollouts:
 
 
 def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarray:
-    """The control run's rewards: the batch's own scores in a random order (a function of seed and iteration).
+    """The control run's rewards: the batch's own `[N]` scores in a random order (a function of seed and
+    iteration, so a resumed control shuffles as an uninterrupted one).
 
     Same reward distribution, no information about which response earned which:
     whatever a policy learns from these, it does not learn from the verifier.
@@ -834,11 +896,12 @@ def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, fl
 
 
 def write_samples(run: Run, iteration: int) -> Optional[str]:
-    """Writes `run_dir/samples/iteration_<k>.jsonl`: the first `num_logged_samples` held-out prompts, each
-    with its greedy completion and 4 samples at the RL temperature, graded (`completion_samples`)."""
+    """Writes `run_dir/samples/iteration_<k>.jsonl` (process 0): the first `num_logged_samples` held-out prompts,
+    each with its greedy completion and 4 samples at the RL temperature, graded by the verifier
+    (`completion_samples`; a run trained on PRM or custom rewards still logs the verifier's)."""
     c = run.config
     count = min(c.num_logged_samples, len(run.eval_prompts))
-    if count == 0:
+    if count == 0 or jax.process_index() != 0:
         return None
     records = completion_samples(
         run.sampler,
@@ -850,7 +913,7 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
         n_samples=4,
         temperature=c.temperature,
         top_p=c.top_p,
-        seed=iteration_seed(c, iteration),
+        seed=zlib.crc32(f"samples:{c.seed}:{iteration}".encode()) & 0x7FFFFFFF,  # not the training rollouts' seed
         values=run.grader.grader.values,
     )
     directory = os.path.join(run.run_dir, "samples")
@@ -887,7 +950,11 @@ def train(
         from mathrl_jax.train.async_loop import AsyncRollouts
 
         source = AsyncRollouts(run)
-    summary: Dict[str, Any] = {"warmstart": run.warmstart_metrics, "eval": []}
+    summary: Dict[str, Any] = {
+        "warmstart": run.warmstart_metrics,
+        "eval": [],
+        "num_eval_problems": len(run.eval_prompts),
+    }
     progress = Progress(
         run.total_iterations,
         initial_step=run.start_iteration,

@@ -220,7 +220,7 @@ def sft_schedule(
         schedule=schedule,
         warmup_steps=warmup_steps,
         # A constant schedule does not depend on its length: callers may pass 0 (one compile for any length).
-        total_steps=max(int(steps), 1),
+        total_steps=max(int(steps), 1) if schedule == "constant" else steps,
         end_factor=final_fraction,
     )
 

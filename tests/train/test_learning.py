@@ -109,4 +109,4 @@ def test_rl_beats_the_shuffled_reward_control(warm_dir, tmp_path):
     last = slice(-3, None)  # 3 iterations x 128 samples: about +-0.05 of sampling noise
     assert real[last].mean() > real[0] + 0.2, (real, control)
     assert real[last].mean() > control[last].mean() + 0.2, (real, control)
-    assert control[last].mean() < control[0] + 0.05, control  # no information, no gain
+    assert control[last].mean() < control[:3].mean() + 0.1, control  # no information, no gain

@@ -223,12 +223,12 @@ def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(mode
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"warmstart.steps": 5, "arithmetic.levels": (3,)}, "levels"),
         ({"warmstart.steps": 5, "warmstart.targets": "gold"}, "'gold'"),
         ({"warmstart.steps": 5, "warmstart.slip_rate": 1.5}, "1.5"),
+        ({"num_logged_samples": -1}, "num_logged_samples=-1"),
         (
             {"shuffle_rewards": True, "env_name": "guess_number", "group_size": 1, "algorithm_name": "reinforce_rebn"},
-            "shuffle_rewards",
+            "'guess_number'",
         ),
     ],
 )
@@ -236,3 +236,39 @@ def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, m
     config = small_config(model_dir, tmp_path / "bad", **overrides)
     with pytest.raises(loop.TrainingError, match=message):
         loop.validate_config(config)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"arithmetic.levels": (3,)}, r"levels=\(3,\)"),
+        ({"dataset_name": "math500", "dataset_path": "x.jsonl"}, "'math500'"),
+    ],
+)
+def test_the_teacher_needs_its_task(overrides, message, model_dir, tmp_path):
+    config = small_config(model_dir, tmp_path / "bad", **{"warmstart.steps": 5, **overrides})
+    with pytest.raises(loop.TrainingError, match=message):
+        loop.check_warmstart_data(config)
+    config.warmstart.targets = "answer"  # imitating the gold answers works on any data
+    loop.check_warmstart_data(config)
+
+
+def test_a_reused_warmstart_must_match_the_settings(model_dir, tmp_path):
+    import json
+
+    config = small_config(model_dir, tmp_path / "run", **{"warmstart.steps": 5})
+    directory = tmp_path / "warm"
+    directory.mkdir()
+    loop._check_reused_warmstart(config, str(directory))  # no record (an older run): reused as it is
+    record = {"seed": config.seed, **config.warmstart.to_dict()}
+    (directory / loop.WARMSTART_RECORD).write_text(json.dumps(record))
+    loop._check_reused_warmstart(config, str(directory))
+    config.warmstart.slip_rate = 0.5
+    with pytest.raises(loop.TrainingError, match="slip_rate: 0.7 -> 0.5"):
+        loop._check_reused_warmstart(config, str(directory))
+
+
+def test_a_control_never_resumes_the_real_run(model_dir, tmp_path):
+    run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
+    with pytest.raises(loop.TrainingError, match="shuffle_rewards: False -> True"):
+        loop.build_run(small_config(model_dir, tmp_path / "run", num_iterations=2, shuffle_rewards=True))
