@@ -456,7 +456,10 @@ class QwenModel(nnx.Module):
         x = constrain_batch(self.embed_tokens(input_ids))
         rope = tuple(_materialize(t) for t in rope_tables(positions, c.head_dim, c.rope_theta, x.dtype))
         new_keys, new_values = [], []
-        call = nnx.remat(_remat_layer) if c.remat else _remat_layer
+        # Remat trades compute for activation memory in a backward pass; a pass with a KV cache (the sampler's
+        # prefill and decode) has none, and nnx.remat inside the decode loop would try to update the module
+        # from the loop's trace level (flax TraceContextError).
+        call = nnx.remat(_remat_layer) if c.remat and cache is None else _remat_layer
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index, rope)

@@ -292,3 +292,17 @@ def test_padding_of_prompts_does_not_change_greedy_output():
     alone = sampler.generate([PROMPTS[1]], params).completion_ids[0]
     wide = JaxSampler(peaked_model(), pad_token_id=0, min_prompt_bucket=64).generate(PROMPTS, params)
     assert wide.completion_ids[1] == alone
+
+
+def test_a_remat_model_samples_as_the_plain_one():
+    # Remat applies to cache-less (training) passes only: inside the decode loop nnx.remat would update the
+    # module from another trace level (the recipes' remat=True crashed there).
+    plain = peaked_model()
+    graphdef, state = nnx.split(QwenForCausalLM(tiny_config(num_hidden_layers=2, remat=True), rngs=nnx.Rngs(0)))
+    remat = nnx.merge(graphdef, nnx.state(plain))
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3)
+    got = JaxSampler(remat, pad_token_id=0).generate(PROMPTS, params)
+    want = JaxSampler(plain, pad_token_id=0).generate(PROMPTS, params)
+    assert [list(c) for c in got.completion_ids] == [list(c) for c in want.completion_ids]
+    for a, b in zip(got.policy_logprobs, want.policy_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -272,3 +272,12 @@ def test_a_control_never_resumes_the_real_run(model_dir, tmp_path):
     run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
     with pytest.raises(loop.TrainingError, match="shuffle_rewards: False -> True"):
         loop.build_run(small_config(model_dir, tmp_path / "run", num_iterations=2, shuffle_rewards=True))
+
+
+def test_remat_trains_as_without_it(model_dir, tmp_path):
+    _, plain = run_and_record(small_config(model_dir, tmp_path / "plain", num_iterations=2))
+    _, remat = run_and_record(small_config(model_dir, tmp_path / "remat", num_iterations=2, remat=True))
+    for (i, a), (j, b) in zip(plain, remat):
+        assert i == j
+        for key in ("rollout/rewards", "rollout/response_length", "train/policy_loss", "train/grad_norm"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
