@@ -6,7 +6,13 @@
 
 Prints greedy accuracy (`eval/accuracy`), mean response length, and with
 `--n-samples n` the unbiased pass@k for k in 1, 4, 8 (k <= n) at `--temperature`.
-A checkpoint saved by `scripts/train.py` is exported first with `scripts/export_hf.py`.
+`--model` is a Hugging Face checkpoint directory (config.json and tokenizer), e.g. a run's
+`final_model` or `warmstart_model`, not an Orbax step of `run_dir/checkpoints`.
+
+Memory: with the JAX sampler, prompts are sorted by length and batched so that each generate
+call's padded KV cache (rows x (prompt bucket + max-new-tokens bucket)) stays within
+`--batch-tokens` slots; results come back in the original order and greedy ones do not depend
+on the batching.
 """
 
 from __future__ import annotations
@@ -16,6 +22,43 @@ import json
 import os
 import sys
 
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def model_dir_problem(path: str) -> str | None:
+    """Why `path` is not a loadable Hugging Face checkpoint directory, or None when it looks like one."""
+    if not os.path.isdir(path):
+        return f"--model {path!r} is not a local directory"
+    names = set(os.listdir(path))
+    missing = []
+    if "config.json" not in names:
+        missing.append("config.json")
+    if not names & set(HF_TOKENIZER_FILES):
+        missing.append(" or ".join(HF_TOKENIZER_FILES))
+    if not missing:
+        return None
+    orbax_step = {"state", "metadata"} <= names or "_CHECKPOINT_METADATA" in names
+    checkpoints_dir = any(name.isdigit() and os.path.isdir(os.path.join(path, name)) for name in names)
+    if orbax_step:
+        what = "an Orbax training checkpoint (a step of run_dir/checkpoints)"
+    elif checkpoints_dir:
+        what = "a directory of Orbax training checkpoints (run_dir/checkpoints)"
+    else:
+        what = "not a Hugging Face checkpoint directory"
+    return (
+        f"--model {path!r} is {what}: it has no {' and no '.join(missing)}. Pass a Hugging Face checkpoint "
+        "directory (config.json, safetensors weights and a tokenizer), e.g. run_dir/final_model (written at the "
+        "end of a run with config.export_final) or run_dir/warmstart_model; parameters saved with "
+        "flax.serialization can be turned into one with scripts/export_hf.py."
+    )
+
+
+# 2**14 KV slots: e.g. 8 prompts of a 256-token bucket with 1024 new tokens (1 with --n-samples 8), or 4 of
+# MATH-500's longest (a 2048-token bucket with a character tokenizer) with 40. This also bounds the prefill's
+# [rows, heads, prompt, cache] attention scores: the tiny stand-in model evaluates MATH-500 in about 1.6 GB.
+# On an accelerator with a real model, raise it (e.g. 1 << 18) for throughput.
+DEFAULT_BATCH_TOKENS = 1 << 14
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -24,7 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", default="auto", help="data layout: auto math500 gsm8k areal_boba")
     parser.add_argument("--levels", default="2", help="arithmetic levels (the offline default trains on 2)")
     parser.add_argument("--question-format", default="{expr}=", help="arithmetic question format")
-    parser.add_argument("--template", default="plain", help="prompt template")
+    parser.add_argument("--template", default="plain", help="prompt template (see mathrl_jax.data.prompts)")
     parser.add_argument("--num-problems", type=int, default=500)
     parser.add_argument(
         "--max-new-tokens", type=int, default=40, help="40 fits the worked solutions of the offline default"
@@ -33,9 +76,38 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--sampler", choices=["jax", "vllm"], default="jax")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help="JAX sampler: KV-cache slots (rows x padded prompt+completion length) per generate call "
+        f"(default {DEFAULT_BATCH_TOKENS}); lower it to use less memory, raise it for throughput",
+    )
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.model):
-        parser.error(f"--model {args.model!r} is not a local directory")
+    if args.batch_tokens < 1:
+        parser.error(f"--batch-tokens {args.batch_tokens}: expected >= 1")
+    if args.num_problems < 1:
+        parser.error(f"--num-problems {args.num_problems}: expected >= 1")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens {args.max_new_tokens}: expected >= 1")
+    if args.n_samples < 0:
+        parser.error(f"--n-samples {args.n_samples}: expected >= 0")
+
+    from mathrl_jax.data.prompts import TEMPLATE_NAMES
+
+    if args.template not in TEMPLATE_NAMES:
+        parser.error(f"--template {args.template!r} is not a prompt template; choose from {', '.join(TEMPLATE_NAMES)}")
+    problem = model_dir_problem(args.model)
+    if problem:
+        parser.error(problem)
+    if args.sampler == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            parser.error(
+                "--sampler vllm needs vLLM, which is not installed here (vLLM is GPU-only: on a GPU machine "
+                "pip install -e '.[vllm]'); use --sampler jax"
+            )
 
     from mathrl_jax.data import arithmetic, format_prompt, load_problems
     from mathrl_jax.data.sources import DataError
@@ -78,6 +150,8 @@ def main(argv=None) -> int:
             n_samples=args.n_samples,
             temperature=args.temperature,
             seed=args.seed,
+            # vLLM schedules its own memory: hand it the prompts in large batches, as before.
+            batch_tokens=args.batch_tokens if args.sampler == "jax" else None,
         )
     metrics["problems"] = len(problems)
     print(json.dumps(metrics, indent=2))

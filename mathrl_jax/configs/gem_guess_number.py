@@ -26,6 +26,9 @@ def get_config():
     config.num_iterations = 200
     config.lr = 1e-6
     config.loss_agg_mode = "token-mean"
+    # 640 turns of up to 2048 + 256 tokens per iteration: the log-prob passes and the update go 16 turns at a
+    # time (exact accumulation), or their [rows, tokens, vocabulary] logits alone exceed any device's memory.
+    config.micro_batch_size = 16
     config.warmstart.steps = 0
     config.eval_interval = 0
     return config

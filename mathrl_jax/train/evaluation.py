@@ -2,13 +2,68 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues, reward_value
 from mathrl_jax.sampling.base import Sampler, SamplingParams
+from mathrl_jax.sampling.jax_sampler import bucket
 from mathrl_jax.train.metrics import pass_at_k
+
+
+def token_batches(
+    prompt_lengths: Sequence[int],
+    *,
+    max_new_tokens: int,
+    batch_tokens: int,
+    n: int = 1,
+    max_prompts: Optional[int] = None,
+    min_prompt_bucket: int = 16,
+    min_generation_bucket: int = 16,
+) -> List[List[int]]:
+    """Prompt indices in batches whose padded KV cache fits `batch_tokens`, shortest prompts first.
+
+    A JaxSampler pads a `generate` call to `bucket(prompts) * n` rows of
+    `bucket(longest prompt) + bucket(max_new_tokens)` cache slots (powers of
+    two), so a batch is grown, in order of prompt length, while that product
+    stays within `batch_tokens` (and the batch within `max_prompts`). A prompt
+    too long for the budget on its own gets a batch to itself. Every index
+    appears exactly once; callers put the results back in the original order.
+    """
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens={batch_tokens}: expected >= 1")
+    generation = bucket(max_new_tokens, min_generation_bucket)
+    order = sorted(range(len(prompt_lengths)), key=lambda i: (prompt_lengths[i], i))
+    batches: List[List[int]] = []
+    current: List[int] = []
+    for index in order:
+        candidate = current + [index]
+        rows = bucket(len(candidate), 1) * n
+        cost = rows * (bucket(prompt_lengths[index], min_prompt_bucket) + generation)
+        too_many = max_prompts is not None and len(candidate) > max_prompts
+        if current and (cost > batch_tokens or too_many):
+            batches.append(current)
+            candidate = [index]
+        current = candidate
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _batches(sampler, prompts, *, n, max_new_tokens, batch_tokens, max_prompts) -> List[List[int]]:
+    """`batch_tokens=None`: consecutive runs of `max_prompts` prompts (the old behaviour); else `token_batches`."""
+    if batch_tokens is None:
+        return [list(range(s, min(s + max_prompts, len(prompts)))) for s in range(0, len(prompts), max_prompts)]
+    return token_batches(
+        [len(p) for p in prompts],
+        max_new_tokens=max_new_tokens,
+        batch_tokens=batch_tokens,
+        n=n,
+        max_prompts=max_prompts,
+        min_prompt_bucket=getattr(sampler, "min_prompt_bucket", 16),
+        min_generation_bucket=getattr(sampler, "min_generation_bucket", 16),
+    )
 
 
 def evaluate(
@@ -25,37 +80,58 @@ def evaluate(
     ks: Sequence[int] = (1, 4, 8),
     seed: int = 0,
     batch_size: int = 256,
+    batch_tokens: Optional[int] = None,
 ) -> Dict[str, float]:
     """Greedy accuracy (`eval/accuracy`) and, with `n_samples > 0`, unbiased pass@k for each k in `ks` (and n) <= n.
 
     pass@k = 1 - C(n - c, k) / C(n, k) per problem, averaged (Chen et al. 2021).
+
+    Batching: at most `batch_size` prompts per greedy `generate` call (`batch_size // n_samples`
+    when sampling). With `batch_tokens`, prompts are also sorted by length and batched so that each
+    call's padded KV cache (rows x (prompt bucket + max_new_tokens bucket), see `token_batches`)
+    stays within `batch_tokens` slots; this bounds memory on long prompts (MATH-500). Results are
+    put back in the original order. Greedy results do not depend on the batching; sampled ones
+    are drawn from the same distribution, but a JaxSampler's per-row keys come from the row's
+    position in its call, so individual samples (and so pass@k) can differ with the batching.
     """
     if len(prompts) != len(golds):
         raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold answers")
     metrics: Dict[str, float] = {}
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    correct, lengths = [], []
-    for start in range(0, len(prompts), batch_size):
-        rollouts = sampler.generate(prompts[start : start + batch_size], greedy)
+    correct: List[bool] = [False] * len(prompts)
+    lengths: List[int] = [0] * len(prompts)
+    plan = _batches(
+        sampler, prompts, n=1, max_new_tokens=max_new_tokens, batch_tokens=batch_tokens, max_prompts=batch_size
+    )
+    for batch in plan:
+        rollouts = sampler.generate([prompts[i] for i in batch], greedy)
         texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
-        results = grader.grade_batch(texts, golds[start : start + batch_size])
-        correct += [r.correct for r in results]
-        lengths += list(rollouts.completion_lengths)
+        results = grader.grade_batch(texts, [golds[i] for i in batch])
+        for i, result, length in zip(batch, results, rollouts.completion_lengths):
+            correct[i], lengths[i] = result.correct, int(length)
     metrics["eval/accuracy"] = float(np.mean(correct))
     metrics["eval/response_length"] = float(np.mean(lengths))
     if n_samples > 0:
         params = SamplingParams(
             n=n_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
         )
-        per_problem = []
-        step = max(1, batch_size // n_samples)
-        for start in range(0, len(prompts), step):
-            rollouts = sampler.generate(prompts[start : start + step], params)
+        per_problem = [0] * len(prompts)
+        plan = _batches(
+            sampler,
+            prompts,
+            n=n_samples,
+            max_new_tokens=max_new_tokens,
+            batch_tokens=batch_tokens,
+            max_prompts=max(1, batch_size // n_samples),
+        )
+        for batch in plan:
+            rollouts = sampler.generate([prompts[i] for i in batch], params)
             texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
-            group_golds = [g for g in golds[start : start + step] for _ in range(n_samples)]
+            group_golds = [golds[i] for i in batch for _ in range(n_samples)]
             results = grader.grade_batch(texts, group_golds)
             hits = np.array([r.correct for r in results]).reshape(-1, n_samples).sum(axis=1)
-            per_problem += list(hits)
+            for i, c in zip(batch, hits):
+                per_problem[i] = int(c)
         for k in sorted(set(ks) | {n_samples}):  # always pass@n, whatever ks says
             if k <= n_samples:
                 metrics[f"eval/pass@{k}"] = float(np.mean([pass_at_k(n_samples, int(c), k) for c in per_problem]))

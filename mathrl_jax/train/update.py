@@ -135,16 +135,29 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
     return loss, {"value_loss": loss, **{f"value_{k}": v for k, v in metrics.items() if k != "value_loss"}}
 
 
+def _weighted_mean(values: Dict[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
+    """Per-key mean over the leading axis weighted by `weights` (>= 0); the plain mean if all weights are 0."""
+    total = jnp.sum(weights)
+    w = jnp.where(total > 0, weights / jnp.maximum(total, 1e-30), 1.0 / weights.shape[0])
+    return {k: jnp.tensordot(w, v.astype(jnp.float32), axes=1) for k, v in values.items()}
+
+
+# Per-minibatch quantities, not token averages: averaged over the minibatches that hold a response token.
+STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied")
+
+
 def _accumulate(objective: Callable, params, micro_batches, denominator):
-    """Sum over micro-batches of (loss, grads); metrics averaged over micro-batches."""
+    """Sum over micro-batches of (loss, grads); metrics (token means) averaged weighted by each micro-batch's
+    response tokens, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them."""
 
     def body(acc, mb):
         (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
         acc_loss, acc_grads, acc_metrics = acc
+        tokens = jnp.sum(mb["response_mask"]).astype(jnp.float32)
         return (
             acc_loss + loss,
             jax.tree.map(jnp.add, acc_grads, grads),
-            jax.tree.map(jnp.add, acc_metrics, metrics),
+            jax.tree.map(lambda a, m: a + tokens * m, acc_metrics, metrics),
         ), None
 
     first = jax.tree.map(lambda x: x[0], micro_batches)
@@ -157,8 +170,10 @@ def _accumulate(objective: Callable, params, micro_batches, denominator):
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape),
     )
     (loss, grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
-    count = jax.tree.leaves(micro_batches)[0].shape[0]
-    return loss, grads, jax.tree.map(lambda m: m / count, metrics)
+    tokens = jnp.sum(micro_batches["response_mask"])
+    # All padding: the metrics are 0, and the minibatch gets no weight in `update`'s average.
+    scale = jnp.where(tokens > 0, 1.0 / jnp.maximum(tokens, 1e-30), 0.0)
+    return loss, grads, jax.tree.map(lambda m: m * scale, metrics)
 
 
 def _apply_if(ok, new, old):
@@ -216,6 +231,7 @@ def make_update_fn(
                 finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
             skipped = skipped + (~finite).astype(jnp.int32)
             metrics["applied"] = apply.astype(jnp.float32)
+            metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
             return (params, opt_state, critic_params, critic_opt_state, stopped, skipped), metrics
 
         init = (
@@ -229,7 +245,11 @@ def make_update_fn(
         (params, opt_state, critic_params, critic_opt_state, stopped, skipped), per_step = jax.lax.scan(
             minibatch_step, init, order
         )
-        metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+        tokens = per_step.pop("tokens")
+        token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS}
+        step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
+        metrics = _weighted_mean(token_means, tokens)  # each minibatch by its tokens
+        metrics.update(_weighted_mean(step_values, (tokens > 0).astype(jnp.float32)))
         metrics["early_stopped"] = stopped.astype(jnp.float32)
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
         new_state = state.replace(
@@ -247,19 +267,35 @@ def make_update_fn(
     return jax.jit(update, donate_argnums=(0,) if donate else ())
 
 
-def compute_logprobs_fn(graphdef, temperature: float = 1.0) -> Callable:
-    """Jitted `(params, input_ids, attention_mask) -> [N, L] log-probs` (old / reference / proximal log-probs)."""
+def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
+    """`fn(params, ids [N, L], mask [N, L]) -> [N, L]` computed `chunk_rows` rows at a time (a `lax.map` over
+    `[N / chunk_rows, chunk_rows, L]`), so the `[rows, L, V]` logits of one chunk are all that is live at
+    once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once."""
 
-    @jax.jit
+    def chunked(params, input_ids, attention_mask):
+        rows = input_ids.shape[0]
+        if not chunk_rows or chunk_rows >= rows or rows % chunk_rows:
+            return fn(params, input_ids, attention_mask)
+        split = lambda x: x.reshape(rows // chunk_rows, chunk_rows, *x.shape[1:])  # noqa: E731
+        out = jax.lax.map(lambda xs: fn(params, *xs), (split(input_ids), split(attention_mask)))
+        return out.reshape(rows, *out.shape[2:])
+
+    return chunked
+
+
+def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None) -> Callable:
+    """Jitted `(params, input_ids, attention_mask) -> [N, L] log-probs` (old / reference / proximal log-probs),
+    `chunk_rows` rows at a time if given (the loop passes `micro_batch_size`: the memory the update needs)."""
+
     def fn(params, input_ids, attention_mask):
         return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature)[0]
 
-    return fn
+    return jax.jit(_in_row_chunks(fn, chunk_rows))
 
 
-def compute_values_fn(critic_graphdef) -> Callable:
-    """Jitted `(critic_params, input_ids, attention_mask) -> [N, L]` aligned values."""
-    return jax.jit(functools.partial(critic_values, critic_graphdef))
+def compute_values_fn(critic_graphdef, chunk_rows: Optional[int] = None) -> Callable:
+    """Jitted `(critic_params, input_ids, attention_mask) -> [N, L]` aligned values, `chunk_rows` rows at a time."""
+    return jax.jit(_in_row_chunks(functools.partial(critic_values, critic_graphdef), chunk_rows))
 
 
 Metrics = Dict[str, Any]

@@ -1,0 +1,198 @@
+"""scripts/export_hf.py on a training run: the Orbax checkpoints `loop.train` writes become HF directories that
+transformers loads with the policy's logits; bad input exits with status 2, names the path and writes nothing."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from mathrl_jax.configs import default
+from mathrl_jax.models import hf, write_tiny_checkpoint
+from mathrl_jax.train import loop
+from mathrl_jax.train.checkpoint import Checkpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "export_hf.py")
+IDS = np.array([[1, 5, 17, 42, 3, 9, 60, 2]], np.int64)
+DIGITS = set("0123456789")
+
+
+def digit_reward(texts, golds):
+    """The fraction of digits in the completion: dense, so that two updates change the params."""
+    scores = np.array([sum(ch in DIGITS for ch in t) / max(len(t), 1) for t in texts], np.float32)
+    return scores, {"reward/accuracy": float(np.mean(scores > 0.5))}
+
+
+def small_config(model_dir, run_dir):
+    config = default.get_config()
+    config.model_name_or_path = model_dir
+    config.run_dir = str(run_dir)
+    config.warmstart.steps = 0
+    config.arithmetic.num_train = 32
+    config.arithmetic.num_eval = 4
+    config.num_eval_problems = 4
+    config.n_rollout_threads = 8
+    config.group_size = 4
+    config.max_new_tokens = 4
+    config.num_iterations = 2
+    config.eval_interval = 0
+    config.save_interval = 1
+    config.export_final = False
+    config.progress = False
+    config.lr = 1e-2
+    config.reward.num_workers = 1
+    return config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    model_dir = str(root / "model")
+    write_tiny_checkpoint(model_dir, seed=0, num_hidden_layers=1)
+    run_dir = root / "run"
+    summary = loop.train(small_config(model_dir, run_dir), reward_fn=digit_reward)
+    return {"root": root, "model_dir": model_dir, "run_dir": str(run_dir), "state": summary["state"]}
+
+
+def start_export(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process):
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def export(*args):
+    return finish(start_export(*args))
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("export_hf_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def jax_logits(model_dir, params):
+    graphdef, _ = nnx.split(hf.load_model(model_dir))
+    model = nnx.merge(graphdef, params)
+    return np.asarray(model(jnp.asarray(IDS), attention_mask=jnp.ones(IDS.shape, jnp.int32))[0])
+
+
+def torch_logits(out):
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.from_numpy(IDS), attention_mask=torch.ones(IDS.shape, dtype=torch.int64)).logits.numpy()
+
+
+def test_exports_of_the_latest_and_of_one_step_give_the_checkpoints_logits(trained, capsys):
+    run_dir, model_dir = trained["run_dir"], trained["model_dir"]
+    latest, first = trained["root"] / "latest", trained["root"] / "step1"
+
+    # The command line, as a user runs it (both at once: they only read the run).
+    processes = [
+        start_export(run_dir, "--out", latest),
+        start_export(os.path.join(run_dir, "checkpoints", "1"), "--out", first),
+    ]
+    done_latest, done_first = map(finish, processes)
+    assert done_latest.returncode == 0, done_latest.stderr[-3000:]
+    assert done_first.returncode == 0, done_first.stderr[-3000:]
+    assert os.path.join("checkpoints", "2") in done_latest.stdout
+    assert not [name for name in os.listdir(trained["root"]) if name.startswith(".")], "a temporary dir was left"
+
+    # Step 2 is the state the run ended with; step 1 is read back by the training code's own Checkpointer.
+    state = trained["state"]
+    with Checkpointer(os.path.join(run_dir, "checkpoints"), save_interval=0) as checkpointer:
+        step1_state, metadata = checkpointer.restore(state, step=1)
+    assert metadata["iteration"] == 1
+    expected_latest = jax_logits(model_dir, state.params)
+    expected_first = jax_logits(model_dir, step1_state.params)
+
+    got_latest, got_first = torch_logits(str(latest)), torch_logits(str(first))
+    np.testing.assert_allclose(got_latest, expected_latest, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_first, expected_first, rtol=1e-4, atol=1e-4)
+    assert np.abs(got_latest - got_first).max() > 1e-3, "the step 1 and step 2 exports are the same model"
+    base = jax_logits(model_dir, nnx.state(hf.load_model(model_dir)))
+    assert np.abs(got_first - base).max() > 1e-3, "the step 1 export is the untrained model"
+    assert transformers.AutoTokenizer.from_pretrained(str(latest))("1+1")["input_ids"]
+
+    # --step picks a step of a run dir; an existing non-empty --out is replaced only with --force.
+    script = load_script()
+    assert script.main([run_dir, "--step", "1", "--out", str(latest)]) == 2
+    err = capsys.readouterr().err
+    assert str(latest) in err and "--force" in err, err
+    np.testing.assert_allclose(torch_logits(str(latest)), expected_latest, rtol=1e-4, atol=1e-4)
+    assert script.main([run_dir, "--step", "1", "--out", str(latest), "--force"]) == 0
+    np.testing.assert_allclose(torch_logits(str(latest)), expected_first, rtol=1e-4, atol=1e-4)
+    assert not [name for name in os.listdir(trained["root"]) if name.startswith(".")], "a temporary dir was left"
+
+
+def bad_inputs(run_dir, tmp):
+    empty_run = tmp / "empty_run"
+    (empty_run / "checkpoints").mkdir(parents=True)
+    not_a_run = tmp / "not_a_run"
+    not_a_run.mkdir()
+    return {
+        "missing path": ([tmp / "nowhere"], str(tmp / "nowhere")),
+        "not a run dir": ([not_a_run], str(not_a_run)),
+        "no checkpoints": ([empty_run], os.path.join(str(empty_run), "checkpoints")),
+        "unknown step": ([run_dir, "--step", 7], "step 7"),
+        "step dir without state": ([os.path.join(run_dir, "checkpoints", "9")], "9"),
+        "wrong base model": ([run_dir, "--like", tmp / "other_model"], run_dir),
+    }
+
+
+def test_bad_input_exits_2_names_the_path_and_writes_nothing(trained, tmp_path, capsys):
+    run_dir = trained["run_dir"]
+    os.makedirs(os.path.join(run_dir, "checkpoints", "9"), exist_ok=True)  # a step dir with no state item
+    write_tiny_checkpoint(str(tmp_path / "other_model"), seed=0, num_hidden_layers=2)
+    script = load_script()
+    try:
+        for case, (args, named) in bad_inputs(run_dir, tmp_path).items():
+            out = tmp_path / f"out_{case.replace(' ', '_')}"
+            status = script.main([*map(str, args), "--out", str(out)])
+            err = capsys.readouterr().err
+            assert status == 2, (case, err)
+            assert named in err and len(err.strip().splitlines()) == 1, (case, err)
+            assert not os.path.exists(out), case
+        assert not [name for name in os.listdir(tmp_path) if name.startswith(".")], "a temporary dir was left"
+    finally:
+        os.rmdir(os.path.join(run_dir, "checkpoints", "9"))
+    # The command line itself: exit status 2, one line naming the path, no traceback.
+    done = export(tmp_path / "nowhere", "--out", tmp_path / "out")
+    assert done.returncode == 2 and str(tmp_path / "nowhere") in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not os.path.exists(tmp_path / "out")
+
+
+def test_base_model_is_the_one_the_run_started_from(tmp_path):
+    """As loop.build_run picks it: warmstart_model after a warm-start, else model_name_or_path, else initial_model."""
+    script = load_script()
+    run, model = tmp_path / "run", tmp_path / "model"
+    (run / "warmstart_model").mkdir(parents=True)
+    (run / "initial_model").mkdir()
+    model.mkdir()
+    config = {"model_name_or_path": str(model), "warmstart": {"steps": 5}}
+    assert script.base_model_dir(str(run), config) == str(run / "warmstart_model")
+    config["warmstart"]["steps"] = 0  # a warmstart_model of an earlier run with other settings is not used
+    assert script.base_model_dir(str(run), config) == str(model)
+    assert script.base_model_dir(str(run), {"model_name_or_path": "", "warmstart": {"steps": 0}}) == str(
+        run / "initial_model"
+    )
+    with pytest.raises(script.InputError, match="--like"):
+        script.base_model_dir(str(run), {"model_name_or_path": str(tmp_path / "moved"), "warmstart": {"steps": 0}})
