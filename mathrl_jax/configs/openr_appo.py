@@ -4,7 +4,7 @@ The seed command of OpenR's `train_math.py`, here:
 
     python scripts/train.py --config mathrl_jax/configs/openr_appo.py \
         --config.model_name_or_path=/models/Qwen2.5-Math-1.5B-Instruct \
-        --config.prm_model_name_or_path=/models/math-shepherd-mistral-7b-prm \
+        --config.prm_model_name_or_path=/models/Qwen2.5-Math-PRM \
         --config.dataset_path=/data/openr_math_500.jsonl
 
 An action is one reasoning step (ending at `step_separator`); GAE runs over

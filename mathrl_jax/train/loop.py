@@ -36,6 +36,7 @@ from mathrl_jax.data import arithmetic, prompts, sources, teacher
 from mathrl_jax.models import hf, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler, SamplingParams
+from mathrl_jax.sampling.jax_sampler import bucket
 from mathrl_jax.train import rollout as rollout_lib
 from mathrl_jax.train import sft
 from mathrl_jax.train import state as state_lib
@@ -106,7 +107,7 @@ def validate_config(config) -> None:
             f"into num_mini_batch={c.num_mini_batch}"
         )
     mini = rows // c.num_mini_batch
-    if c.micro_batch_size and mini % c.micro_batch_size:
+    if c.micro_batch_size and c.micro_batch_size < mini and mini % c.micro_batch_size:
         _fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
     if c.lr <= 0 or c.critic_lr <= 0:
         _fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
@@ -674,6 +675,14 @@ def max_actions(config) -> int:
     return max(8, config.episode_length)
 
 
+def batch_columns(config, rollouts) -> int:
+    """Columns of the trainer's batch: the longest prompt + completion, rounded up to a power of two (a
+    handful of shapes to compile), at most `max_prompt_length + max_new_tokens`. A multi-turn run's rows
+    are far shorter than that budget, and every pass costs (and its attention holds) columns squared."""
+    needed = max(len(p) for p in rollouts.prompt_ids) + max([len(x) for x in rollouts.completion_ids] + [1])
+    return min(bucket(needed, 16), config.max_prompt_length + config.max_new_tokens)
+
+
 def prepare_batch(
     run: Run, rollouts, scores: np.ndarray, *, params=None, action_rewards=None, row_advantages=None, row_mask=None
 ) -> Dict[str, Any]:
@@ -699,7 +708,7 @@ def prepare_batch(
         )
         row_mask = keep.astype(np.float32)
         metrics["dapo/kept_fraction"] = float(keep.mean())
-    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=c.max_prompt_length + c.max_new_tokens)
+    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=batch_columns(c, rollouts))
     arrays.pop("prompt_length")
     sampler_logprobs = arrays.pop("sampler_logprobs")
     batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
@@ -856,13 +865,16 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
     tokens = int(lengths.sum())
-    if got.row_mask is not None:  # padded rows (multi-turn) are not responses
-        lengths = lengths[got.row_mask > 0] if (got.row_mask > 0).any() else lengths
+    real = np.ones(len(rollouts), bool)
+    if got.row_mask is not None and (got.row_mask > 0).any():  # padded rows (multi-turn) are not responses
+        real = got.row_mask > 0
+    # What a response earned: the verifier's score plus, with a PRM, its step scores (the undiscounted return).
+    earned = scores if got.action_rewards is None else scores + got.action_rewards.sum(axis=1)
     metrics = {
-        "rollout/rewards": float(np.mean(scores)),
+        "rollout/rewards": float(np.mean(earned[real])),
         "rollout/accuracy": reward_metrics.get("reward/accuracy", float("nan")),
-        "rollout/response_length": float(lengths.mean()),
-        "rollout/truncated_fraction": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
+        "rollout/response_length": float(lengths[real].mean()),
+        "rollout/truncated_fraction": float(np.mean(np.asarray(rollouts.finish_reasons)[real] == "length")),
         "rollout/no_answer_rate": reward_metrics.get("reward/no_answer_rate", float("nan")),
         "rollout/grader_timeouts": reward_metrics.get("reward/timeout_count", 0.0),
         "perf/step_time": done - start,
@@ -872,6 +884,11 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         "async/staleness": float(staleness),
         "async/policy_version": float(rollouts.policy_version),
         "train/lr_step": float(run.state.step),
+        **(
+            {"rollout/prm_reward": float(got.action_rewards.sum(axis=1).mean())}
+            if got.action_rewards is not None
+            else {}
+        ),
         **batch_metrics,
         **{k: v for k, v in reward_metrics.items() if k.startswith("rollout/")},
     }

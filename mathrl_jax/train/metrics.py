@@ -40,7 +40,8 @@ RESERVED_KEYS = ("step", "time")
 
 METRIC_NAMES: dict[str, str] = {
     # rollout: the batch of sampled responses
-    "rollout/rewards": "mean sequence reward (score) of the batch's responses",
+    "rollout/rewards": "mean reward a response earned (verifier score plus PRM step scores), over real rows",
+    "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
     "rollout/rewards_std": "standard deviation of the sequence rewards",
     "rollout/accuracy": "fraction of responses the verifier grades correct",
     "rollout/response_length": "mean response length, in tokens",

@@ -41,7 +41,7 @@ class UpdateConfig:
 
     ppo_epochs: int = 1
     num_mini_batches: int = 1
-    micro_batch_size: Optional[int] = None  # rows per gradient-accumulation chunk; None: the whole minibatch
+    micro_batch_size: Optional[int] = None  # rows per gradient-accumulation chunk; None (or >= the minibatch): all
     policy_loss: str = "ppo"
     clip_low: float = 0.2
     clip_high: Optional[float] = None  # DAPO clip-higher: 0.28
@@ -199,7 +199,7 @@ def make_update_fn(
         if rows % cfg.num_mini_batches:
             raise ValueError(f"batch of {rows} rows does not split into num_mini_batches={cfg.num_mini_batches}")
         mini = rows // cfg.num_mini_batches
-        micro = cfg.micro_batch_size or mini
+        micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is the minibatch
         if mini % micro:
             raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
         key, perm_key = jax.random.split(jax.random.wrap_key_data(state.rng))
