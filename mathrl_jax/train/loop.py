@@ -290,11 +290,17 @@ def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
         ids = codec.encode(text)
         if len(ids) > config.max_prompt_length:
             _fail(
-                f"problem {problem.uid!r} has a {len(ids)}-token prompt, over max_prompt_length="
-                f"{config.max_prompt_length}; raise it or filter the data"
+                f"problem {problem.uid!r} has a {len(ids)}-token prompt, over --config.max_prompt_length="
+                f"{config.max_prompt_length}: raise it, or drop the longer problems from the data file"
             )
         out.append(ids)
     return out
+
+
+def _check_prompts(config, codec: TextCodec, train_problems, eval_problems) -> None:
+    """Fails now, not at iteration 500, on a prompt over `max_prompt_length` (the first 1000 training ones)."""
+    _prompt_ids(config, codec, eval_problems)
+    _prompt_ids(config, codec, train_problems[:1000])
 
 
 def _write_atomically(directory: str, write: Callable[[str], None]) -> None:
@@ -430,6 +436,34 @@ def _warmstart(config, run_dir, model_dir, codec, train_problems, sampler_args, 
     return directory, metrics
 
 
+def load_prm(config):
+    """The process reward model of `prm_model_name_or_path`, loaded before the run directory is written, so a
+    PRM that cannot serve (architecture, tokenizer, a step tag or label that is not one token) stops the run
+    with the option to change and leaves the run directory as it was."""
+    from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
+
+    path = config.prm_model_name_or_path
+    prm_config = PRMConfig(
+        step_tag=config.prm.step_tag,
+        candidate_tokens=tuple(config.prm.candidate_tokens),
+        step_separator=config.step_separator,
+        reward_mode="steps",
+    )
+    try:
+        return ProcessRewardModel.from_pretrained(path, prm_config)
+    except (qwen.ConfigError, hf.CheckpointError) as error:
+        _fail(
+            f"--config.prm_model_name_or_path={path!r} cannot be loaded as a PRM: {error} (the PRM must be a "
+            "Qwen2 / Qwen2.5 / Qwen3-architecture checkpoint)"
+        )
+    except (OSError, ValueError) as error:
+        _fail(
+            f"the PRM at --config.prm_model_name_or_path={path!r} cannot score with --config.prm.step_tag="
+            f"{config.prm.step_tag!r} and --config.prm.candidate_tokens={tuple(config.prm.candidate_tokens)}: "
+            f"{error}"
+        )
+
+
 def build_run(config) -> Run:
     """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
     validate_config(config)
@@ -443,16 +477,27 @@ def build_run(config) -> Run:
 
         if importlib.util.find_spec("vllm") is None:
             _fail("sampler='vllm' needs vllm (pip install -e '.[vllm]' on a GPU machine); use sampler='jax'")
-    if config.model_name_or_path:
-        TextCodec(config.model_name_or_path)  # a missing tokenizer fails before anything is written
+    if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
+        _check_prompts(config, TextCodec(config.model_name_or_path), train_problems, eval_problems)
+    prm = load_prm(config) if "prm" in config.reward_source else None
     # From here on the run directory is written.
     run_dir = config.run_dir
+    existed = os.path.isdir(run_dir)
+    initial = os.path.join(run_dir, "initial_model")
+    had_initial = os.path.isdir(initial)
     os.makedirs(run_dir, exist_ok=True)
     model_dir = _model_dir(config, run_dir)
     codec = TextCodec(model_dir)
+    try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
+        _check_prompts(config, codec, train_problems, eval_problems)
+    except TrainingError:
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif not had_initial:
+            shutil.rmtree(initial, ignore_errors=True)
+        raise
     eval_prompts = _prompt_ids(config, codec, eval_problems)
     eval_golds = [p.answer for p in eval_problems]
-    _prompt_ids(config, codec, train_problems[:1000])  # fail now, not at iteration 500, on a too-long prompt
     grader = SerialGrader(
         MathGrader(
             RewardValues(
@@ -536,17 +581,6 @@ def build_run(config) -> Run:
         json.dump(config.to_dict(), f, indent=2, default=str)
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
-    prm = None
-    if "prm" in config.reward_source:
-        from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
-
-        prm_config = PRMConfig(
-            step_tag=config.prm.step_tag,
-            candidate_tokens=tuple(config.prm.candidate_tokens),
-            step_separator=config.step_separator,
-            reward_mode="steps",
-        )
-        prm = ProcessRewardModel.from_pretrained(config.prm_model_name_or_path, prm_config)
     return Run(
         config=config,
         run_dir=run_dir,

@@ -281,3 +281,37 @@ def test_remat_trains_as_without_it(model_dir, tmp_path):
         assert i == j
         for key in ("rollout/rewards", "rollout/response_length", "train/policy_loss", "train/grad_norm"):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("case", ["step tag of two tokens", "mistral prm"])
+def test_a_prm_that_cannot_serve_stops_the_run_before_anything_is_written(case, model_dir, tmp_path):
+    import json
+    import shutil
+
+    prm_dir = tmp_path / "prm"
+    shutil.copytree(model_dir, prm_dir)
+    overrides = {"algorithm_name": "appo", "reward_source": "prm", "prm_model_name_or_path": str(prm_dir)}
+    if case == "mistral prm":
+        config_file = prm_dir / "config.json"
+        hf_config = json.loads(config_file.read_text())
+        hf_config.update(model_type="mistral", architectures=["MistralForCausalLM"])
+        config_file.write_text(json.dumps(hf_config))
+        overrides["prm.step_tag"], expected = "@", "prm_model_name_or_path"
+    else:
+        overrides["prm.step_tag"], expected = "@@", "prm.step_tag='@@'"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("a user's file")
+    with pytest.raises(loop.TrainingError, match=expected):
+        loop.build_run(small_config(model_dir, run_dir, **overrides))
+    assert sorted(os.listdir(run_dir)) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("own_model", [True, False])
+def test_a_too_long_prompt_leaves_the_run_directory_as_it_was(own_model, model_dir, tmp_path):
+    config = small_config(model_dir, tmp_path / "run", max_prompt_length=3)  # "12+34=" is 6 tokens
+    if not own_model:  # the tiny offline model, written into the run directory first
+        config.model_name_or_path = ""
+    with pytest.raises(loop.TrainingError, match="max_prompt_length=3"):
+        loop.build_run(config)
+    assert not os.path.exists(tmp_path / "run")
