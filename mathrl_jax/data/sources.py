@@ -21,6 +21,7 @@ Layouts (`LAYOUTS`, or a `FieldMapping` of your own):
 | `math`       | `problem`  | last `\\boxed{}` of `solution` (Hendrycks MATH) | `solution` | `level` | `type`    |             |
 | `gsm8k`      | `question` | after the last `####` of `answer`, no commas    | before it  |         |           |             |
 | `areal_boba` | `prompt`   | last `\\boxed{}` of the first of `solutions`    | that one   |         |           | `query_id`  |
+| `verl`       | last user message of `prompt` (chat messages) | `reward_model.ground_truth` |  |  | `data_source` |  |
 
 `areal_boba` keeps rows whose `task` is `"math"` (a missing `task` means math, as in
 AReaL's `load_metadata`) and skips the `"code"` rows. `layout="auto"` picks the
@@ -104,6 +105,7 @@ class FieldMapping:
     answer_fn: maps the raw answer value to the gold answer string (e.g. GSM8K's
       text after "####"); raise ValueError for a value it cannot read.
     solution_fn: likewise for the raw solution value.
+    question_fn: likewise for the raw question value (e.g. verl's chat messages).
     keep_row: a predicate over the raw record; rows for which it is False are
       skipped (e.g. AReaL-boba's code tasks).
     """
@@ -116,6 +118,7 @@ class FieldMapping:
     uid: FieldName | None = None
     answer_fn: Callable[[Any], str] | None = None
     solution_fn: Callable[[Any], str] | None = None
+    question_fn: Callable[[Any], str] | None = None
     keep_row: Callable[[Mapping[str, Any]], bool] | None = None
     name: str = "custom"
 
@@ -184,6 +187,27 @@ def boba_answer(solutions: Any) -> str:
     return boxed.strip()
 
 
+def verl_question(prompt: Any) -> str:
+    """verl's question: the content of the last user message of `prompt` (chat messages), or `prompt` itself
+    if it is a string."""
+    if isinstance(prompt, str):
+        return prompt
+    messages = list(prompt) if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist") else None
+    if not messages or not all(isinstance(m, Mapping) for m in messages):
+        raise ValueError(f"expected chat messages [{{'role': ..., 'content': ...}}, ...], got {_preview(prompt)}")
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str):
+        raise ValueError(f"no user message with text content in {_preview(prompt)}")
+    return users[-1]["content"]
+
+
+def verl_ground_truth(reward_model: Any) -> str:
+    """verl's gold answer: `reward_model["ground_truth"]` (a string or a number)."""
+    if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
+        raise ValueError(f"expected {{'ground_truth': ..., 'style': ...}}, got {_preview(reward_model)}")
+    return _as_text(reward_model["ground_truth"])
+
+
 def _is_math_task(row: Mapping[str, Any]) -> bool:
     return row.get("task", "math") == "math"
 
@@ -219,6 +243,14 @@ LAYOUTS: dict[str, FieldMapping] = {
         keep_row=_is_math_task,
         name="areal_boba",
     ),
+    "verl": FieldMapping(
+        question="prompt",
+        question_fn=verl_question,
+        answer="reward_model",
+        answer_fn=verl_ground_truth,
+        subject="data_source",
+        name="verl",
+    ),
 }
 """The built-in layouts by name (see the module table)."""
 
@@ -226,10 +258,12 @@ LAYOUTS: dict[str, FieldMapping] = {
 def detect_layout(fields: Iterable[str]) -> str | None:
     """The built-in layout a record with these fields has, or None.
 
-    prompt + solutions -> areal_boba; problem + answer|final_answer -> math500;
+    prompt + reward_model -> verl; prompt + solutions -> areal_boba; problem + answer|final_answer -> math500;
     problem + solution -> math; question + answer -> gsm8k.
     """
     keys = set(fields)
+    if {"prompt", "reward_model"} <= keys:
+        return "verl"
     if {"prompt", "solutions"} <= keys:
         return "areal_boba"
     if "problem" in keys and keys & {"answer", "final_answer"}:
@@ -440,7 +474,7 @@ class _RowReader:
         if m.keep_row is not None and not m.keep_row(record.value):
             return None
         name, value = self.required(record, m.question)
-        question = self.convert(record, name, value, None)
+        question = self.convert(record, name, value, m.question_fn)
         solution = self.optional(record, m.solution, m.solution_fn)
         if m.answer is not None:
             name, value = self.required(record, m.answer)
@@ -476,7 +510,8 @@ def _resolve_layout(layout: str | FieldMapping, first: _Record, path: str) -> Fi
         if name is None:
             raise DataError(
                 f"cannot detect the layout from the fields {sorted(map(str, first.value))}; "
-                f"pass layout= one of {sorted(LAYOUTS)} or a FieldMapping",
+                f"name the layout, one of {sorted(LAYOUTS)} (scripts/train.py: --config.dataset_name=...; "
+                "Python: layout=..., or a FieldMapping of your own)",
                 path=path,
             )
         return LAYOUTS[name]

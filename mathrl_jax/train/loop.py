@@ -55,7 +55,7 @@ class TrainingError(ValueError):
 # ----------------------------------------------------------------------------- config checks
 
 LOSS_OF_ALGORITHM = {"async_ppo": "decoupled", "reinforce_rebn": "reinforce"}
-DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba")
+DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl")
 
 
 def _fail(message: str):

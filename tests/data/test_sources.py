@@ -450,9 +450,52 @@ def test_every_builtin_layout_is_detected_from_its_fields():
         "math": ["problem", "solution", "level", "type"],
         "gsm8k": ["question", "answer"],
         "areal_boba": ["prompt", "solutions", "query_id", "task"],
+        "verl": ["data_source", "prompt", "ability", "reward_model", "extra_info"],
     }
     assert set(fields) == set(LAYOUTS)
     for name, keys in fields.items():
         assert sources.detect_layout(keys) == name
     assert sources.detect_layout(["problem", "final_answer"]) == "math500"
     assert sources.detect_layout(["text"]) is None
+
+
+def verl_rows():
+    """Rows as verl's preprocessing writes them (DAPO-Math-17k, verl's gsm8k/math examples)."""
+    instruction = "Solve the following math problem. Put your answer on its own line after 'Answer:'.\n\n"
+    return [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": instruction + "What is 2+3?"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": "5", "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": "a1"},
+        },
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Natalia sold 48 clips. How many?"},
+            ],
+            "ability": "math",
+            "reward_model": {"ground_truth": "72", "style": "rule"},
+            "extra_info": {"index": "b2"},
+        },
+    ]
+
+
+def test_verl_parquet_layout(tmp_path, cache_dir):
+    import datasets
+
+    path = str(tmp_path / "train.parquet")
+    datasets.Dataset.from_list(verl_rows()).to_parquet(path)
+    problems = load_problems(path, cache_dir=cache_dir)  # detected from the fields
+    assert [p.question for p in problems] == [r["prompt"][-1]["content"] for r in verl_rows()]
+    assert [p.answer for p in problems] == ["5", "72"]
+    assert [p.subject for p in problems] == ["math_dapo", "openai/gsm8k"]
+    assert [p.uid for p in problems] == ["train:0", "train:1"]
+    bad = verl_rows()
+    bad[1]["reward_model"] = {"style": "rule", "ground_truth": None}
+    bad_path = tmp_path / "bad.jsonl"
+    bad_path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
+    with pytest.raises(DataError, match=r"line 2.*reward_model"):
+        load_problems(str(bad_path))
