@@ -865,6 +865,26 @@ def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarra
     return np.asarray(scores)[order]
 
 
+@contextlib.contextmanager
+def out_of_memory_hint(config, rows: int):
+    """Turns a device out-of-memory error of the trainer's passes into a `TrainingError` naming the options that
+    size them (the raw XLA message names only a byte count)."""
+    try:
+        yield
+    except Exception as error:  # jax raises its runtime errors under several class names across versions
+        text = str(error)
+        if "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text:
+            raise
+        micro = config.micro_batch_size or f"0 (the whole minibatch, {rows // config.num_mini_batch} rows)"
+        raise TrainingError(
+            f"out of device memory in the trainer's passes over {rows} rows of up to "
+            f"{config.max_prompt_length + config.max_new_tokens} tokens: lower --config.micro_batch_size (now "
+            f"{micro}; rows per forward and backward), --config.max_new_tokens ({config.max_new_tokens}) or "
+            f"--config.n_rollout_threads ({config.n_rollout_threads}), or set --config.remat=True. "
+            f"XLA said: {text.splitlines()[0][:300]}"
+        ) from error
+
+
 def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     """One iteration (see the module docstring); updates `run.state` and the sampler's weights."""
     start = time.perf_counter()
@@ -882,17 +902,18 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         scores = np.zeros_like(scores)  # step rewards only
     if run.config.shuffle_rewards:
         scores = shuffled_rewards(scores, run.config.seed, iteration)
-    batch, batch_metrics = prepare_batch(
-        run,
-        rollouts,
-        scores,
-        action_rewards=got.action_rewards,
-        row_advantages=got.row_advantages,
-        row_mask=got.row_mask,
-    )
-    with _mesh(run):
-        run.state, update_metrics = run.update(run.state, batch)
-    update_metrics = jax.device_get(update_metrics)
+    with out_of_memory_hint(run.config, len(rollouts)):
+        batch, batch_metrics = prepare_batch(
+            run,
+            rollouts,
+            scores,
+            action_rewards=got.action_rewards,
+            row_advantages=got.row_advantages,
+            row_mask=got.row_mask,
+        )
+        with _mesh(run):
+            run.state, update_metrics = run.update(run.state, batch)
+        update_metrics = jax.device_get(update_metrics)
     run.sampler.update_weights(run.state.params, int(run.state.policy_version))
     if source is not None:
         source.updated(int(run.state.policy_version))

@@ -315,3 +315,13 @@ def test_a_too_long_prompt_leaves_the_run_directory_as_it_was(own_model, model_d
     with pytest.raises(loop.TrainingError, match="max_prompt_length=3"):
         loop.build_run(config)
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_out_of_memory_names_the_options_that_size_the_batch(model_dir, tmp_path):
+    config = small_config(model_dir, tmp_path / "oom", micro_batch_size=4)
+    with pytest.raises(loop.TrainingError, match=r"micro_batch_size \(now 4.*max_new_tokens \(4\)"):
+        with loop.out_of_memory_hint(config, 32):
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 39939927136 bytes.")
+    with pytest.raises(ValueError, match="unrelated"):  # any other error passes through unchanged
+        with loop.out_of_memory_hint(config, 32):
+            raise ValueError("unrelated")
