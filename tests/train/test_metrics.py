@@ -358,3 +358,25 @@ def test_plot_script_unknown_key_message(tmp_path, capsys):
     assert "no metric 'train/nope'" in err and "rollout/accuracy" in err
     assert plot_metrics.main([str(run), "--keys", "custom/thing", "--out", str(tmp_path / "one.png")]) == 0
     assert png_size(tmp_path / "one.png")[0] > 0
+
+
+def test_default_panels_skip_flat_and_unlogged_metrics(tmp_path):
+    plot_metrics = load_plot_script()
+    run = tmp_path / "run"
+    with MetricsLogger(str(run), tensorboard=False) as logger:
+        for step in range(1, 6):
+            logger.log(
+                step,
+                {
+                    "rollout/rewards": step / 5,
+                    "train/policy_loss": 0.1 * step,
+                    "train/early_stopped": 0.0,  # flat: says nothing
+                    "train/clip_fraction": 0.0,  # flat too, though a standard panel
+                    "perf/step_time": 1.0 + step,  # varies, but not a panel
+                },
+            )
+    records = read_jsonl_metrics(str(run))
+    assert plot_metrics.default_keys(records) == ["rollout/rewards", "train/policy_loss"]
+    out = plot_metrics.plot_run(str(run))
+    assert png_size(out)[0] > 100
+    assert plot_metrics.plot_run(str(run), str(tmp_path / "all.png"), ["all"]) == str(tmp_path / "all.png")
