@@ -268,7 +268,7 @@ def make_update_fn(
 
 
 def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
-    """`fn(params, ids [N, L], mask [N, L]) -> [N, L]` computed `chunk_rows` rows at a time (a `lax.map` over
+    """`fn(params, ids [N, L], mask [N, L]) -> [N, L]` computed `chunk_rows` rows at a time (a `lax.scan` over
     `[N / chunk_rows, chunk_rows, L]`), so the `[rows, L, V]` logits of one chunk are all that is live at
     once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once."""
 
@@ -277,7 +277,13 @@ def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
         if not chunk_rows or chunk_rows >= rows or rows % chunk_rows:
             return fn(params, input_ids, attention_mask)
         split = lambda x: x.reshape(rows // chunk_rows, chunk_rows, *x.shape[1:])  # noqa: E731
-        out = jax.lax.map(lambda xs: fn(params, *xs), (split(input_ids), split(attention_mask)))
+
+        # The params ride in the scan's carry rather than the closure: the model is then built from values of
+        # the loop body's own trace, which NNX's lifted transforms (remat) require.
+        def body(p, xs):
+            return p, fn(p, *xs)
+
+        _, out = jax.lax.scan(body, params, (split(input_ids), split(attention_mask)))
         return out.reshape(rows, *out.shape[2:])
 
     return chunked

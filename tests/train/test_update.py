@@ -211,6 +211,9 @@ def test_log_probs_and_values_in_row_chunks_equal_the_whole_batch():
     whole = compute_logprobs_fn(graphdef)(params, *args)
     for rows in (1, 2, 4, 3):  # 3 does not divide 8: all rows at once
         np.testing.assert_allclose(compute_logprobs_fn(graphdef, chunk_rows=rows)(params, *args), whole, atol=1e-5)
+    remat_graphdef = nnx.graphdef(QwenForCausalLM(tiny_config(num_hidden_layers=1, remat=True), rngs=nnx.Rngs(0)))
+    chunked_remat = compute_logprobs_fn(remat_graphdef, chunk_rows=2)(params, *args)  # NNX remat inside the loop
+    np.testing.assert_allclose(chunked_remat, whole, atol=1e-5)
     values = compute_values_fn(critic_graphdef)(critic_params, *args)
     np.testing.assert_allclose(compute_values_fn(critic_graphdef, 2)(critic_params, *args), values, atol=1e-5)
     assert not np.allclose(whole[1:], whole[:-1])  # rows differ: a chunk mix-up would show
