@@ -214,3 +214,13 @@ def test_pass_at_k_is_put_back_in_problem_order():
         )
     assert 0.0 < metrics[None]["eval/pass@4"] < 1.0
     assert all(m == metrics[None] for m in metrics.values()), metrics
+
+
+def test_the_readme_command_reports_greedy_accuracy_and_pass_at_k(tiny_dir):
+    # README: python scripts/evaluate.py --model runs/default/final_model --n-samples 8 (shortened here).
+    done = run_evaluate("--model", tiny_dir, "--num-problems", "8", "--max-new-tokens", "8", "--n-samples", "2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads(done.stdout)
+    assert metrics["problems"] == 8
+    assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and 0 < metrics["eval/response_length"] <= 8
+    assert 0.0 <= metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= 1.0
