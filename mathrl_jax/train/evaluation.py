@@ -66,6 +66,14 @@ def _batches(sampler, prompts, *, n, max_new_tokens, batch_tokens, max_prompts) 
     )
 
 
+def _generate_and_grade(sampler, grader, decode, prompts, golds, batch: List[int], params: SamplingParams):
+    """(rollouts, grade results) of `params.n` completions of each prompt in `batch` (row `j * n + k` is sample
+    k of `batch[j]`)."""
+    rollouts = sampler.generate([prompts[i] for i in batch], params)
+    texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
+    return rollouts, grader.grade_batch(texts, [golds[i] for i in batch for _ in range(params.n)])
+
+
 def evaluate(
     sampler: Sampler,
     prompts: Sequence[List[int]],
@@ -104,9 +112,7 @@ def evaluate(
         sampler, prompts, n=1, max_new_tokens=max_new_tokens, batch_tokens=batch_tokens, max_prompts=batch_size
     )
     for batch in plan:
-        rollouts = sampler.generate([prompts[i] for i in batch], greedy)
-        texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
-        results = grader.grade_batch(texts, [golds[i] for i in batch])
+        rollouts, results = _generate_and_grade(sampler, grader, decode, prompts, golds, batch, greedy)
         for i, result, length in zip(batch, results, rollouts.completion_lengths):
             correct[i], lengths[i] = result.correct, int(length)
     metrics["eval/accuracy"] = float(np.mean(correct))
@@ -125,10 +131,7 @@ def evaluate(
             max_prompts=max(1, batch_size // n_samples),
         )
         for batch in plan:
-            rollouts = sampler.generate([prompts[i] for i in batch], params)
-            texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
-            group_golds = [golds[i] for i in batch for _ in range(n_samples)]
-            results = grader.grade_batch(texts, group_golds)
+            _, results = _generate_and_grade(sampler, grader, decode, prompts, golds, batch, params)
             hits = np.array([r.correct for r in results]).reshape(-1, n_samples).sum(axis=1)
             for i, c in zip(batch, hits):
                 per_problem[i] = int(c)

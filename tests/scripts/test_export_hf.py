@@ -13,42 +13,19 @@ import torch
 import transformers
 from flax import nnx
 
-from mathrl_jax.configs import default
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.train import loop
 from mathrl_jax.train.checkpoint import Checkpointer
+from tests.train import test_loop as loop_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "export_hf.py")
 IDS = np.array([[1, 5, 17, 42, 3, 9, 60, 2]], np.int64)
-DIGITS = set("0123456789")
-
-
-def digit_reward(texts, golds):
-    """The fraction of digits in the completion: dense, so that two updates change the params."""
-    scores = np.array([sum(ch in DIGITS for ch in t) / max(len(t), 1) for t in texts], np.float32)
-    return scores, {"reward/accuracy": float(np.mean(scores > 0.5))}
 
 
 def small_config(model_dir, run_dir):
-    config = default.get_config()
-    config.model_name_or_path = model_dir
-    config.run_dir = str(run_dir)
-    config.warmstart.steps = 0
-    config.arithmetic.num_train = 32
-    config.arithmetic.num_eval = 4
-    config.num_eval_problems = 4
-    config.n_rollout_threads = 8
-    config.group_size = 4
-    config.max_new_tokens = 4
-    config.num_iterations = 2
-    config.eval_interval = 0
-    config.save_interval = 1
-    config.export_final = False
-    config.progress = False
-    config.lr = 1e-2
-    config.reward.num_workers = 1
-    return config
+    # The loop tests' tiny run, saving every iteration so that there are two steps to export.
+    return loop_tests.small_config(model_dir, run_dir, num_iterations=2, save_interval=1, export_final=False)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +34,7 @@ def trained(tmp_path_factory):
     model_dir = str(root / "model")
     write_tiny_checkpoint(model_dir, seed=0, num_hidden_layers=1)
     run_dir = root / "run"
-    summary = loop.train(small_config(model_dir, run_dir), reward_fn=digit_reward)
+    summary = loop.train(small_config(model_dir, run_dir), reward_fn=loop_tests.first_char_reward)
     return {"root": root, "model_dir": model_dir, "run_dir": str(run_dir), "state": summary["state"]}
 
 
