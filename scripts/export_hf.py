@@ -387,12 +387,9 @@ def main(argv=None) -> int:
             parser.error("--step applies to a run dir, not to --params")
         try:
             export(args.params, args.like, args.out, args.dtype, args.force)
-        except InputError as e:
+        except (InputError, ConfigError, hf.CheckpointError, FileNotFoundError, ValueError) as e:
             print(f"export_hf: error: {e}", file=sys.stderr)
-            return 2
-        except (ConfigError, hf.CheckpointError, FileNotFoundError, ValueError) as e:
-            print(f"export_hf: error: {e}", file=sys.stderr)
-            return 1
+            return 2  # bad input, as in run mode
         print(f"wrote {args.out}")
         return 0
     try:

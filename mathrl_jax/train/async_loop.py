@@ -1,73 +1,225 @@
 """Asynchronous PPO (AReaL): generation runs ahead of training, with bounded staleness.
 
-A generator thread produces iteration i's rollouts with whatever weights the
-sampler holds (version v, recorded in `Rollouts.policy_version`) while the
-learner trains on earlier ones. Before it starts batch i it waits until the
-learner has made at least `i - 1 - max_head_offpolicyness` updates, so the
-learner (at version i - 1 when it takes batch i) never trains on rollouts more
-than `max_head_offpolicyness` versions old. With 0 the generator waits for
-every update: exactly the synchronous loop. The learner uses the decoupled
-loss: behaviour log-probs from the sampler, proximal log-probs recomputed with
-its current weights (`loop.prepare_batch`). Source: Fu et al. 2025, "AReaL: A
-Large-Scale Asynchronous Reinforcement Learning System for Language
-Reasoning" (`max_head_offpolicyness`, decoupled PPO objective).
+A generator thread produces iteration i's rollouts while the learner trains on
+earlier ones. The learner takes batch i at policy version i - 1 (the params
+after iteration i - 1) and must never train on rollouts more than
+`max_head_offpolicyness` (eta) versions old, so the generator starts batch i as
+soon as the params after iteration i - 1 - eta exist. It samples batch i with
+exactly those params, however far the learner has got meanwhile:
+
+    iteration i is sampled with the params after iteration max(0, i - 1 - eta)
+
+With eta = 0 the generator waits for every update: exactly the synchronous loop.
+The learner uses the decoupled loss: behaviour log-probs from the sampler,
+proximal log-probs recomputed with its current weights (`loop.prepare_batch`).
+Source: Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement
+Learning System for Language Reasoning" (`max_head_offpolicyness`, decoupled
+PPO objective).
+
+Why a fixed schedule, where AReaL samples with the newest weights it holds: the
+pipeline's overlap is the same (the generator waits for the same update before
+it starts a batch), but which weights sampled a batch no longer depends on
+thread timing. Two runs of one config train the same model, and a checkpoint can
+hold everything the generator had in flight: after iteration k, the batches
+k+1 .. k+eta (sampled with params k-eta .. k-1) are saved with it as "pending
+rollouts", so a killed and resumed run continues bit for bit as an uninterrupted
+one would. The cost: the learner keeps the eta + 1 newest params alive (the
+update does not donate them), and a save waits until those batches are made.
 """
 
 from __future__ import annotations
 
-import queue
+import base64
+import contextlib
 import threading
 import time
+from typing import Any, Dict, Iterator, List, Optional
 
+import numpy as np
+
+from mathrl_jax.sampling.base import Rollouts
 from mathrl_jax.train.loop import Collected, Run, collect, prm_action_rewards
 
 
 class AsyncRollouts:
-    """A rollout source whose generator thread runs up to `max_head_offpolicyness` versions ahead."""
+    """A rollout source whose generator thread samples iteration i with the params after iteration
+    max(0, i - 1 - max_head_offpolicyness) (see the module docstring)."""
 
     def __init__(self, run: Run):
         self.run = run
-        self.max_offpolicyness = int(run.config.max_head_offpolicyness)
-        self.learner_version = int(run.state.policy_version)
+        self.eta = int(run.config.max_head_offpolicyness)
         self.condition = threading.Condition()
-        self.results: "queue.Queue" = queue.Queue()
-        self.stopping = threading.Event()
+        self.sampler_lock = threading.Lock()  # the generator's and the evaluation's weights take turns
+        self.params: Dict[int, tuple] = {run.start_iteration: (run.state.params, int(run.state.policy_version))}
+        self.ready: Dict[int, Collected] = {}
+        self.error: Optional[BaseException] = None
+        self.stopping = False
+        # Batches made before the run was interrupted. A run resumed with a smaller eta drops those that would now
+        # be too stale (and draws their prompts again); one resumed with a larger eta, or from a checkpoint without
+        # them (the end of a run it extends), samples its next batches with the restored params.
+        version = int(run.state.policy_version)
+        for offset, record in enumerate(run.pending_rollouts):
+            made = collected_from_json(record)
+            if version + offset - made.rollouts.policy_version > self.eta:
+                break
+            self.ready[run.start_iteration + 1 + offset] = made
+        if self.ready:
+            run.loader.restore(self.ready[max(self.ready)].data_state)
+        self.first = run.start_iteration + 1 + len(self.ready)
         self.thread = threading.Thread(target=self._generate, name="rollout-generator", daemon=True)
         self.thread.start()
 
     def _generate(self) -> None:
         try:
-            for iteration in range(self.run.start_iteration + 1, self.run.total_iterations + 1):
+            for iteration in range(self.first, self.run.total_iterations + 1):
+                source = max(self.run.start_iteration, iteration - 1 - self.eta)
                 with self.condition:
-                    # The learner takes batch i at version i - 1 (+ the resume offset); wait until that version is
-                    # within the allowed staleness of the weights we would sample with.
-                    needed = iteration - 1 - self.max_offpolicyness
-                    self.condition.wait_for(lambda: self.learner_version >= needed or self.stopping.is_set())
-                if self.stopping.is_set():
-                    return
+                    self.condition.wait_for(lambda: source in self.params or self.stopping)
+                    if self.stopping:
+                        return
+                    params, version = self.params[source]
+                    for old in [k for k in self.params if k < source]:  # no later batch samples with these
+                        del self.params[old]
                 start = time.perf_counter()
-                rollouts, problems, scores, reward_metrics = collect(self.run, iteration)
+                with self.sampler_lock:
+                    self.run.sampler.update_weights(params, version)
+                    rollouts, problems, scores, reward_metrics = collect(self.run, iteration)
                 action_rewards = prm_action_rewards(self.run, rollouts, problems)
-                seconds = time.perf_counter() - start
-                self.results.put(
-                    Collected(rollouts, scores, reward_metrics, self.run.loader.state(), seconds, action_rewards)
+                made = Collected(
+                    rollouts,
+                    scores,
+                    reward_metrics,
+                    self.run.loader.state(),
+                    time.perf_counter() - start,
+                    action_rewards,
                 )
+                with self.condition:
+                    self.ready[iteration] = made
+                    self.condition.notify_all()
         except BaseException as error:  # surfaced in the learner thread
-            self.results.put(error)
+            with self.condition:
+                self.error = error
+                self.condition.notify_all()
+
+    def _wait_for(self, iteration: int) -> None:
+        """Blocks (holding the condition) until batch `iteration` is made; raises the generator's error."""
+        self.condition.wait_for(lambda: iteration in self.ready or self.error is not None)
+        if iteration not in self.ready:
+            raise RuntimeError(f"the rollout generator failed before iteration {iteration}") from self.error
 
     def get(self, iteration: int) -> Collected:
-        item = self.results.get()
-        if isinstance(item, BaseException):
-            raise RuntimeError(f"the rollout generator failed before iteration {iteration}") from item
-        return item
-
-    def updated(self, version: int) -> None:
         with self.condition:
-            self.learner_version = version
+            self._wait_for(iteration)
+            return self.ready.pop(iteration)
+
+    def updated(self, iteration: int, params: Any, version: int) -> None:
+        """The learner's params after `iteration` (policy version `version`): the generator samples with them
+        from batch iteration + 1 + eta on."""
+        with self.condition:
+            self.params[iteration] = (params, int(version))
             self.condition.notify_all()
+
+    def pending(self, iteration: int) -> List[Dict[str, Any]]:
+        """The batches after `iteration` that the generator makes before the learner's next update (iterations
+        iteration + 1 .. iteration + eta), as JSON for the checkpoint; waits until they are made."""
+        last = min(iteration + self.eta, self.run.total_iterations)
+        with self.condition:
+            for later in range(iteration + 1, last + 1):
+                self._wait_for(later)
+            return [collected_to_json(self.ready[later]) for later in range(iteration + 1, last + 1)]
+
+    @contextlib.contextmanager
+    def current_weights(self) -> Iterator[None]:
+        """The sampler holds the learner's current params inside the block (for evaluation); the generator
+        waits meanwhile and puts its own back before its next batch."""
+        with self.sampler_lock:
+            self.run.sampler.update_weights(self.run.state.params, int(self.run.state.policy_version))
+            yield
 
     def close(self) -> None:
-        self.stopping.set()
         with self.condition:
+            self.stopping = True
             self.condition.notify_all()
         self.thread.join(timeout=60)
+
+
+# ------------------------------------------------------------------ pending batches in a checkpoint
+
+
+def _array(value: np.ndarray) -> Dict[str, Any]:
+    """An array as JSON, bit for bit (base64 of its bytes)."""
+    value = np.ascontiguousarray(value)
+    return {"dtype": value.dtype.str, "shape": list(value.shape), "bytes": base64.b64encode(value.tobytes()).decode()}
+
+
+def _from_array(record: Dict[str, Any]) -> np.ndarray:
+    data = base64.b64decode(record["bytes"])
+    return np.frombuffer(data, np.dtype(record["dtype"])).reshape(record["shape"]).copy()
+
+
+def _ragged(rows, dtype) -> Dict[str, Any]:
+    return {
+        "values": _array(np.concatenate([np.asarray(r, dtype).ravel() for r in rows] + [np.zeros(0, dtype)])),
+        "lengths": [len(r) for r in rows],
+    }
+
+
+def _from_ragged(record: Dict[str, Any]) -> List[np.ndarray]:
+    values = _from_array(record["values"])
+    ends = np.cumsum(record["lengths"])
+    return [values[end - length : end] for end, length in zip(ends, record["lengths"])]
+
+
+def _optional(value: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
+    return None if value is None else _array(np.asarray(value))
+
+
+def collected_to_json(collected: Collected) -> Dict[str, Any]:
+    """A graded batch as a JSON object that `collected_from_json` turns back into an equal one
+    (arrays bit for bit; token ids as int64, log-probs as float32)."""
+    r = collected.rollouts
+    return {
+        "prompt_ids": _ragged(r.prompt_ids, np.int64),
+        "completion_ids": _ragged(r.completion_ids, np.int64),
+        "logprobs": _ragged(r.logprobs, np.float32),
+        "policy_logprobs": _ragged(r.policy_logprobs, np.float32),
+        "finish_reasons": list(r.finish_reasons),
+        "stop_reasons": [s if s is None or isinstance(s, str) else int(s) for s in r.stop_reasons],
+        "prompt_indices": _array(np.asarray(r.prompt_indices)),
+        "policy_version": int(r.policy_version),
+        "texts": None if r.texts is None else list(r.texts),
+        "scores": _array(np.asarray(collected.scores)),
+        "reward_metrics": {k: float(v) for k, v in collected.reward_metrics.items()},
+        "data_state": collected.data_state,
+        "generate_seconds": float(collected.generate_seconds),
+        "action_rewards": _optional(collected.action_rewards),
+        "row_advantages": _optional(collected.row_advantages),
+        "row_mask": _optional(collected.row_mask),
+    }
+
+
+def collected_from_json(record: Dict[str, Any]) -> Collected:
+    """The inverse of `collected_to_json`."""
+    rollouts = Rollouts(
+        prompt_ids=[[int(t) for t in row] for row in _from_ragged(record["prompt_ids"])],
+        completion_ids=[[int(t) for t in row] for row in _from_ragged(record["completion_ids"])],
+        logprobs=_from_ragged(record["logprobs"]),
+        policy_logprobs=_from_ragged(record["policy_logprobs"]),
+        finish_reasons=list(record["finish_reasons"]),
+        stop_reasons=list(record["stop_reasons"]),
+        prompt_indices=_from_array(record["prompt_indices"]),
+        policy_version=int(record["policy_version"]),
+        texts=record["texts"],
+    )
+    optional = {
+        k: None if record[k] is None else _from_array(record[k])
+        for k in ("action_rewards", "row_advantages", "row_mask")
+    }
+    return Collected(
+        rollouts,
+        _from_array(record["scores"]),
+        dict(record["reward_metrics"]),
+        dict(record["data_state"]),
+        float(record["generate_seconds"]),
+        **optional,
+    )

@@ -281,6 +281,7 @@ class Run:
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
     prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
+    pending_rollouts: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # resumed async batches
 
 
 def _prompt_ids(config, codec: TextCodec, problems) -> List[List[int]]:
@@ -572,11 +573,13 @@ def build_run(config) -> Run:
         os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
     )
     start_iteration = 0
+    pending: List[Dict[str, Any]] = []
     if config.resume and checkpointer.latest_step() is not None:
         _check_resumed_config(config, run_dir)
         state, metadata = checkpointer.restore(state)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
+        pending = metadata.get(PENDING_KEY) or []
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(config.to_dict(), f, indent=2, default=str)
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
@@ -605,8 +608,12 @@ def build_run(config) -> Run:
         warmstart_metrics=warm_metrics,
         prm=prm,
         model_dir=start_dir,
+        pending_rollouts=pending,
     )
 
+
+PENDING_KEY = "pending_rollouts"
+"""Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
 
 RUN_IDENTITY = ("seed", "algorithm_name", "shuffle_rewards")
 """Config keys a resumed run must share with the run it continues (e.g. a control must not resume the real run)."""
@@ -834,7 +841,13 @@ class Collected:
 
 
 class SyncRollouts:
-    """Rollouts made when asked, with the current weights: the synchronous loop."""
+    """Rollouts made when asked, with the current weights: the synchronous loop.
+
+    A rollout source (this, `multiturn.EnvRollouts`, `async_loop.AsyncRollouts`)
+    makes each iteration's graded batch (`get`), hears of every update (`updated`),
+    names the batches it made ahead of the learner for a checkpoint (`pending`) and
+    lends the sampler, holding the current weights, to the evaluation (`current_weights`).
+    """
 
     def __init__(self, run: "Run"):
         self.run = run
@@ -847,8 +860,14 @@ class SyncRollouts:
             rollouts, scores, reward_metrics, self.run.loader.state(), time.perf_counter() - start, action_rewards
         )
 
-    def updated(self, version: int) -> None:
-        pass
+    def updated(self, iteration: int, params: Any, version: int) -> None:
+        self.run.sampler.update_weights(params, version)
+
+    def pending(self, iteration: int) -> List[Dict[str, Any]]:
+        return []
+
+    def current_weights(self):
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass
@@ -886,9 +905,11 @@ def out_of_memory_hint(config, rows: int):
 
 
 def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
-    """One iteration (see the module docstring); updates `run.state` and the sampler's weights."""
+    """One iteration (see the module docstring); updates `run.state` and tells `source` (default: the synchronous
+    loop's, which gives the sampler the new weights)."""
     start = time.perf_counter()
-    got = (source or SyncRollouts(run)).get(iteration)
+    source = source or SyncRollouts(run)
+    got = source.get(iteration)
     rollouts, scores, reward_metrics = got.rollouts, got.scores, got.reward_metrics
     run.data_state = got.data_state
     waited = time.perf_counter() - start
@@ -914,9 +935,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         with _mesh(run):
             run.state, update_metrics = run.update(run.state, batch)
         update_metrics = jax.device_get(update_metrics)
-    run.sampler.update_weights(run.state.params, int(run.state.policy_version))
-    if source is not None:
-        source.updated(int(run.state.policy_version))
+    source.updated(iteration, run.state.params, int(run.state.policy_version))
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
     tokens = int(lengths.sum())
@@ -952,8 +971,10 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     return metrics
 
 
-def save(run: Run, iteration: int, *, force: bool = False) -> bool:
-    metadata = {"data": run.data_state or run.loader.state(), "iteration": iteration}
+def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Dict[str, Any]]] = None) -> bool:
+    """Checkpoints the state after `iteration`, with the data position and the batches a generator `pending`
+    had made ahead (`SyncRollouts.pending`)."""
+    metadata = {"data": run.data_state or run.loader.state(), "iteration": iteration, PENDING_KEY: pending or []}
     return run.checkpointer.save(iteration, run.state, metadata, force=force)
 
 
@@ -1044,7 +1065,8 @@ def train(
                 )
             )
         if run.start_iteration == 0 and c.eval_interval:
-            metrics = run_eval(run, 0, sampled=True)
+            with source.current_weights():
+                metrics = run_eval(run, 0, sampled=True)
             run.logger.log(0, metrics)
             summary["eval"].append((0, metrics["eval/accuracy"]))
             summary["eval_start"] = metrics
@@ -1053,7 +1075,8 @@ def train(
             metrics = train_iteration(run, iteration, source)
             last = iteration == run.total_iterations
             if c.eval_interval and (iteration % c.eval_interval == 0 or last):
-                metrics.update(run_eval(run, iteration, sampled=last))
+                with source.current_weights():
+                    metrics.update(run_eval(run, iteration, sampled=last))
                 summary["eval"].append((iteration, metrics["eval/accuracy"]))
                 if last:
                     summary["eval_end"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
@@ -1062,8 +1085,8 @@ def train(
             progress.update(iteration, metrics)
             if on_metrics is not None:
                 on_metrics(iteration, metrics)
-            if run.checkpointer.should_save(iteration) or iteration == run.total_iterations:
-                save(run, iteration, force=iteration == run.total_iterations)
+            if run.checkpointer.should_save(iteration) or last:
+                save(run, iteration, force=last, pending=source.pending(iteration))
         summary["state"] = run.state
         summary["final_iteration"] = run.total_iterations
         if c.export_final and run.total_iterations > run.start_iteration:

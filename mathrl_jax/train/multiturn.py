@@ -20,6 +20,7 @@ import numpy as np
 from mathrl_jax import losses
 from mathrl_jax.envs import GuessTheNumberEnv, VectorEnv, run_episodes
 from mathrl_jax.sampling import Rollouts, SamplingParams
+from mathrl_jax.train.loop import Collected, SyncRollouts, iteration_seed
 
 ENVS = {"guess_number": GuessTheNumberEnv}
 
@@ -41,7 +42,7 @@ def conversation_prompt(codec, episode, template: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-class EnvRollouts:
+class EnvRollouts(SyncRollouts):
     """A rollout source that plays multi-turn episodes; rows are turns, padded to a fixed count."""
 
     def __init__(self, run):
@@ -51,8 +52,6 @@ class EnvRollouts:
         self.rows = c.n_rollout_threads * c.episode_length  # fixed: one compiled update
 
     def get(self, iteration: int):
-        from mathrl_jax.train.loop import Collected, iteration_seed
-
         run, c = self.run, self.run.config
         start = time.perf_counter()
         vector_env = VectorEnv([self.env_fn for _ in range(c.n_rollout_threads)])
@@ -125,9 +124,3 @@ class EnvRollouts:
         collected.row_advantages = np.asarray(rows["adv"], np.float32)
         collected.row_mask = row_mask
         return collected
-
-    def updated(self, version: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

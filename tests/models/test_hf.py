@@ -258,4 +258,4 @@ def test_export_script_writes_a_directory_transformers_loads(tmp_path):
         text=True,
         cwd=ROOT,
     )
-    assert bad.returncode == 1 and "nope.msgpack" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "nope.msgpack" in bad.stderr and "Traceback" not in bad.stderr

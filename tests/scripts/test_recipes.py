@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -140,3 +141,61 @@ def test_recipe_runs_to_the_end(name, stand_ins, tmp_path):
     recipe = importlib.import_module(f"mathrl_jax.configs.{name}").get_config()
     for key in ("algorithm_name", "prompt_template", "lr", "loss_agg_mode", "remat"):
         assert saved[key] == recipe[key], key
+
+
+def _last_record_of_each_step(run_dir):
+    records = {}
+    for line in open(run_dir / "metrics.jsonl"):
+        record = json.loads(line)
+        if "train/policy_loss" in record:
+            records[record["step"]] = record  # a resumed run logs again the steps after its checkpoint
+    return records
+
+
+@pytest.mark.slow
+def test_a_killed_areal_async_run_resumes_byte_identical(stand_ins, tmp_path):
+    """SIGKILL once the first checkpoint is complete, while the generator has batches in flight; the same command
+    again resumes, and the final model is byte for byte the uninterrupted run's."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+
+    def command(run_dir):
+        return [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "train.py"),
+            f"--config={os.path.join(CONFIGS, 'areal_async.py')}",
+            f"--config.run_dir={run_dir}",
+            *SHORT,
+            *recipe_flags("areal_async", stand_ins),
+            "--config.num_iterations=8",
+            "--config.save_interval=2",
+            "--config.eval_interval=0",
+            # The random stand-in never earns a reward (zero advantages); an entropy bonus gives every batch a
+            # gradient of its own, and a larger lr makes it move bf16 weights (1e-6 leaves them as they are).
+            "--config.entropy_coef=0.01",
+            "--config.lr=1e-3",
+        ]
+
+    straight = tmp_path / "straight"
+    done = subprocess.run(command(straight), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(command(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    checkpoints = killed / "checkpoints"
+    while not (checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())):
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    assert not (killed / "final_model").exists()  # it did not get to the end
+    done = subprocess.run(command(killed), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    final = (straight / "final_model" / "model.safetensors").read_bytes()
+    assert final != open(os.path.join(stand_ins["policy"], "model.safetensors"), "rb").read()  # it trained
+    assert (killed / "final_model" / "model.safetensors").read_bytes() == final
+    a, b = _last_record_of_each_step(straight), _last_record_of_each_step(killed)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in a:
+        for key in ("train/policy_loss", "rollout/rewards", "async/staleness", "async/policy_version"):
+            assert a[step][key] == b[step][key], (step, key)

@@ -3,6 +3,7 @@ reward, exact resume, the asynchronous loop's staleness bound, and the sync / as
 
 import functools
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -144,9 +145,61 @@ def test_async_never_trains_on_rollouts_older_than_allowed(eta, model_dir, tmp_p
         model_dir, tmp_path / f"eta{eta}", algorithm_name="async_ppo", max_head_offpolicyness=eta, num_iterations=4
     )
     _, history = run_and_record(config)
-    staleness = [m["async/staleness"] for _, m in history]
-    assert max(staleness) <= eta
-    assert all(s >= 0 for s in staleness)
+    # Iteration i samples with the params after iteration max(0, i - 1 - eta), whatever the threads' timing.
+    assert [m["async/staleness"] for _, m in history] == [min(i - 1, eta) for i, _ in history]
+    assert [m["async/policy_version"] for _, m in history] == [max(0, i - 1 - eta) for i, _ in history]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_async_run_resumes_bit_for_bit(model_dir, tmp_path):
+    """The generator runs eta batches ahead; the checkpoint keeps them, so the resumed run trains on the very
+    batches the uninterrupted one did (sampled with the params of iterations before the checkpoint)."""
+    settings = dict(algorithm_name="async_ppo", max_head_offpolicyness=2, num_iterations=5, save_interval=2)
+    straight, straight_history = run_and_record(small_config(model_dir, tmp_path / "a", **settings))
+
+    def stop_at_3(iteration, metrics):
+        if iteration == 3:  # after checkpoint 2; batches 3 and 4 were made before it, with params 0 and 1
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        loop.train(
+            small_config(model_dir, tmp_path / "b", **settings), reward_fn=first_char_reward, on_metrics=stop_at_3
+        )
+    resumed, resumed_history = run_and_record(small_config(model_dir, tmp_path / "b", **settings))
+    assert [i for i, _ in resumed_history] == [3, 4, 5]
+    for a, b in zip(leaves(straight["state"]), leaves(resumed["state"])):
+        np.testing.assert_array_equal(a, b)
+    for (i, a), (j, b) in zip(straight_history[2:], resumed_history):
+        for key in ("rollout/rewards", "train/policy_loss", "async/staleness", "async/policy_version"):
+            assert a[key] == b[key], (i, key, a[key], b[key])
+
+
+@pytest.mark.slow
+def test_an_async_run_resumes_under_another_offpolicyness(model_dir, tmp_path):
+    """Resumed with a smaller eta, the saved batches that would be too stale are dropped and drawn again; with a
+    larger one, they are used and the generator goes on from the restored params. Neither waits forever."""
+    settings = dict(algorithm_name="async_ppo", num_iterations=5, save_interval=2)
+
+    def stop_at_3(iteration, metrics):
+        if iteration == 3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        loop.train(
+            small_config(model_dir, tmp_path / "run", max_head_offpolicyness=2, **settings),
+            reward_fn=first_char_reward,
+            on_metrics=stop_at_3,
+        )
+    for eta, expected in ((1, [0, 1, 1]), (3, [2, 2, 2])):
+        shutil.copytree(tmp_path / "run", tmp_path / f"eta{eta}")
+        _, history = run_and_record(
+            small_config(model_dir, tmp_path / f"eta{eta}", max_head_offpolicyness=eta, **settings)
+        )
+        assert [i for i, _ in history] == [3, 4, 5]
+        assert [m["async/staleness"] for _, m in history] == expected, eta
 
 
 @pytest.mark.slow
