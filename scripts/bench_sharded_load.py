@@ -83,8 +83,10 @@ def probe(mode, directory):
         else:
             from safetensors.torch import load_file
 
-            tensors = {k: v.float().numpy().astype(jax.numpy.bfloat16) for k, v in
-                       load_file(os.path.join(directory, "model.safetensors")).items()}
+            tensors = {
+                k: v.float().numpy().astype(jax.numpy.bfloat16)
+                for k, v in load_file(os.path.join(directory, "model.safetensors")).items()
+            }
             state = {}
             for name, spec in hf.parameter_table(config).items():
                 array = tensors[name].T if spec.transpose else tensors[name]
@@ -110,22 +112,31 @@ def main():
     from mathrl_jax.models import QwenConfig, QwenForCausalLM, hf
 
     config = QwenConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
-        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=2,
-        head_dim=64, param_dtype="bfloat16", dtype="bfloat16",
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 11 // 4,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=2,
+        head_dim=64,
+        param_dtype="bfloat16",
+        dtype="bfloat16",
     )
     with tempfile.TemporaryDirectory() as directory:
         state = nnx.state(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
         hf.export_checkpoint(state, config, directory, max_shard_bytes=2**40)
         del state
         size = os.path.getsize(os.path.join(directory, "model.safetensors"))
-        print(f"# bench_sharded_load: checkpoint {size / 1e6:.0f} MB (bf16, hidden {args.hidden}, "
-              f"{args.layers} layers, vocab {args.vocab}); 8 simulated CPU devices, fsdp=8; jax {jax.__version__}\n")
+        print(
+            f"# bench_sharded_load: checkpoint {size / 1e6:.0f} MB (bf16, hidden {args.hidden}, "
+            f"{args.layers} layers, vocab {args.vocab}); 8 simulated CPU devices, fsdp=8; jax {jax.__version__}\n"
+        )
         print("| load | peak heap / checkpoint | peak RSS incl. page cache / checkpoint |")
         print("|---|---:|---:|")
         for mode in ("sharded", "one device", "baseline"):
-            out = subprocess.run([sys.executable, __file__, "--probe", mode, directory],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--probe", mode, directory], capture_output=True, text=True, check=True
+            )
             m = json.loads(out.stdout.strip().splitlines()[-1])
             label = {"baseline": "baseline: whole tensors in host memory, then device_put"}.get(mode, mode)
             print(f"| {label} | {m['anon_peak'] / size:.2f}x | {m['rss_peak'] / size:.2f}x |")

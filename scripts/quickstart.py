@@ -4,6 +4,7 @@ A toy policy (one row of logits per position, standing in for your model)
 learns to emit the token TARGET; the mean reward printed every 10 steps rises
 from about 1/V towards 1.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -30,9 +31,7 @@ def train_step(params, key):
 
     def loss_fn(p):
         logprobs, entropy = losses.token_logprobs_from_logits(policy_logits(p, batch), tokens)
-        loss, metrics = losses.ppo_clip_loss(
-            logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28
-        )
+        loss, metrics = losses.ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28)
         return loss - 1e-3 * losses.masked_mean(entropy, mask), metrics
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

@@ -64,9 +64,7 @@ def masked_var(x: chex.Array, mask: chex.Array, unbiased: bool = True, eps: floa
 
 def _check_mode(mode: str) -> None:
     if mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}"
-        )
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
 
 
 def loss_denominator(mask: chex.Array, mode: str = "token-mean") -> chex.Array:

@@ -29,9 +29,9 @@ def importance_ratio_exceeds(
     """
     chex.assert_rank([logprobs, old_logprobs, mask], 2)
     chex.assert_equal_shape([logprobs, old_logprobs, mask])
-    ratio = jnp.exp(clamped_log_ratio(
-        jnp.asarray(logprobs, jnp.float32), jnp.asarray(old_logprobs, jnp.float32), log_ratio_clamp
-    ))
+    ratio = jnp.exp(
+        clamped_log_ratio(jnp.asarray(logprobs, jnp.float32), jnp.asarray(old_logprobs, jnp.float32), log_ratio_clamp)
+    )
     return masked_mean(ratio, jnp.asarray(mask, jnp.float32)) > threshold
 
 

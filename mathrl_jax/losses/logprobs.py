@@ -83,9 +83,7 @@ def _chunked_logits_forward(flat_logits, flat_tokens, temperature, chunk_size):
         rows = jax.lax.dynamic_slice_in_dim(flat_logits, start, chunk).astype(jnp.float32)
         tokens = jax.lax.dynamic_slice_in_dim(flat_tokens, start, chunk)
         stats = _row_stats(rows / temperature, tokens)
-        return tuple(
-            jax.lax.dynamic_update_slice_in_dim(buf, s, start, 0) for buf, s in zip(buffers, stats)
-        )
+        return tuple(jax.lax.dynamic_update_slice_in_dim(buf, s, start, 0) for buf, s in zip(buffers, stats))
 
     empty = jnp.zeros((num_rows,), jnp.float32)
     return jax.lax.fori_loop(0, num_chunks, body, (empty, empty, empty))
@@ -211,8 +209,7 @@ def token_logprobs_from_hidden(
     batch, length, dim = hidden.shape
     if unembedding.shape[contract_axis] != dim:
         raise ValueError(
-            f"unembedding of shape {unembedding.shape} (layout {weight_layout!r}) does not match "
-            f"hidden size {dim}"
+            f"unembedding of shape {unembedding.shape} (layout {weight_layout!r}) does not match hidden size {dim}"
         )
     vocab = unembedding.shape[1 - contract_axis]
     num_rows = batch * length

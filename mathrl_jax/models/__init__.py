@@ -1,8 +1,8 @@
 """Qwen2 / Qwen2.5 / Qwen3 models in Flax NNX, with Hugging Face checkpoint interop.
 
-    from mathrl_jax.models import load_model, export_checkpoint
-    model = load_model("/path/to/Qwen2.5-1.5B-Instruct", param_dtype="bfloat16", dtype="bfloat16")
-    logits, _ = model(input_ids, attention_mask=mask)
+from mathrl_jax.models import load_model, export_checkpoint
+model = load_model("/path/to/Qwen2.5-1.5B-Instruct", param_dtype="bfloat16", dtype="bfloat16")
+logits, _ = model(input_ids, attention_mask=mask)
 """
 
 from mathrl_jax.models.hf import CheckpointError, export_checkpoint, load_model, load_state, parameter_table

@@ -41,17 +41,11 @@ and declaring it here keeps the raw and the saved tokenizer identical.
 """
 
 CHARACTERS = (
-    string.digits
-    + "+-*/=()[]{}.,^_\\<>!?:;'\"%$&|~#@`"
-    + string.ascii_lowercase
-    + string.ascii_uppercase
-    + " \n"
+    string.digits + "+-*/=()[]{}.,^_\\<>!?:;'\"%$&|~#@`" + string.ascii_lowercase + string.ascii_uppercase + " \n"
 )
 """The ordered character set: digits, math / LaTeX punctuation, a-z, A-Z, space, newline."""
 
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 """Qwen2's split pattern (transformers `tokenization_qwen2.PRETOKENIZE_REGEX`)."""
 
 MODEL_MAX_LENGTH = 4096
@@ -75,7 +69,7 @@ def byte_level_symbol(char: str) -> str:
 
     Vocabulary entries must be in this alphabet, as they are in Qwen's own vocabulary.
     """
-    (symbol, _), = _BYTE_LEVEL.pre_tokenize_str(char)
+    ((symbol, _),) = _BYTE_LEVEL.pre_tokenize_str(char)
     return symbol
 
 

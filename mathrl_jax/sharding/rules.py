@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 Rules = Tuple[Tuple[str, P], ...]
 
+
 class ShardingRuleError(ValueError):
     """A leaf no rule covers, or a rule that does not fit a leaf's shape."""
 
@@ -112,8 +113,9 @@ def tree_specs(tree: Any, rules: Rules, mesh: Optional[jax.sharding.Mesh] = None
 
 def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
     """A pytree of NamedShardings on `mesh` with the structure of `tree`."""
-    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), tree_specs(tree, rules, mesh),
-                                  is_leaf=lambda x: isinstance(x, P))
+    return jax.tree_util.tree_map(
+        lambda spec: NamedSharding(mesh, spec), tree_specs(tree, rules, mesh), is_leaf=lambda x: isinstance(x, P)
+    )
 
 
 def shard_tree(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:

@@ -164,9 +164,7 @@ def group_statistics(scores, group_ids, seq_mask=None):
     return counts, means, stds
 
 
-def grpo(
-    scores, group_ids, seq_mask=None, *, normalize_by_std: bool = True, eps: float = 1e-6
-) -> np.ndarray:
+def grpo(scores, group_ids, seq_mask=None, *, normalize_by_std: bool = True, eps: float = 1e-6) -> np.ndarray:
     """(s - mean_g) / (std_g + eps), std unbiased; singleton: mean 0, std 1.
 
     normalize_by_std=False: s - mean_g (Dr. GRPO; singleton keeps s).
@@ -198,9 +196,7 @@ def rloo(scores, group_ids, seq_mask=None) -> np.ndarray:
     return out
 
 
-def reinforce_plus_plus_baseline(
-    scores, group_ids, mask, seq_mask=None, *, eps: float = 1e-8
-) -> np.ndarray:
+def reinforce_plus_plus_baseline(scores, group_ids, mask, seq_mask=None, *, eps: float = 1e-8) -> np.ndarray:
     """(s - group mean; singleton mean 0) on each counted token, whitened over them."""
     scores, mask = _f64(scores), _f64(mask)
     centred = grpo(scores, group_ids, seq_mask, normalize_by_std=False)
@@ -387,14 +383,14 @@ def random_mask(rng: np.random.RandomState, batch: int, length: int, kind: str) 
         if kind == "right":
             mask[b, :n] = 1.0
         elif kind == "left":
-            mask[b, length - n:] = 1.0
+            mask[b, length - n :] = 1.0
         elif kind == "holes":
             start = rng.randint(0, length)
             stop = rng.randint(start, length + 1)
             mask[b, start:stop] = 1.0
             for _ in range(rng.randint(1, 3)):  # tool-output spans
                 hole = rng.randint(start, max(stop, start + 1))
-                mask[b, hole:hole + rng.randint(1, 3)] = 0.0
+                mask[b, hole : hole + rng.randint(1, 3)] = 0.0
         elif kind == "random":
             mask[b] = (rng.rand(length) < 0.6).astype(np.float32)
         elif kind == "full":

@@ -43,20 +43,12 @@ def close(actual, expected, **kw):
 
 
 adgae_jit = jax.jit(
-    lambda r, v, e, m, gamma, lam, boot: action_decomposed_gae(
-        r, v, e, m, gamma=gamma, lam=lam, bootstrap_value=boot
-    )
+    lambda r, v, e, m, gamma, lam, boot: action_decomposed_gae(r, v, e, m, gamma=gamma, lam=lam, bootstrap_value=boot)
 )
 naive_jit = jax.jit(
-    lambda r, v, m, gamma, lam, boot: naive_token_gae(
-        r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot
-    )
+    lambda r, v, m, gamma, lam, boot: naive_token_gae(r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot)
 )
-gae_jit = jax.jit(
-    lambda r, v, m, gamma, lam, boot: gae_advantages(
-        r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot
-    )
-)
+gae_jit = jax.jit(lambda r, v, m, gamma, lam, boot: gae_advantages(r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot))
 ends_jit = jax.jit(action_ends_from_index)
 scatter_jit = jax.jit(scatter_action_rewards)
 
@@ -128,9 +120,9 @@ def test_scatter_action_rewards_matches_reference(seed, kind):
 def test_action_ends_and_rewards_padding_invariance(seed, kind):
     rng, index, mask, action_rewards, _, _ = step_data(seed, kind)
     ends = np.asarray(ends_jit(index, mask))
-    p_index = np.concatenate(
-        [rng.randint(-5, 50, (B, PAD_L)), index, rng.randint(-5, 50, (B, PAD_R))], axis=1
-    ).astype(np.int32)
+    p_index = np.concatenate([rng.randint(-5, 50, (B, PAD_L)), index, rng.randint(-5, 50, (B, PAD_R))], axis=1).astype(
+        np.int32
+    )
     p_mask = pad_columns(rng, mask, PAD_L, PAD_R, fill=0.0)
     p_ends = np.asarray(ends_jit(p_index, p_mask))
     close(p_ends[:, PAD_L : PAD_L + T], ends, atol=0)
@@ -253,9 +245,7 @@ def test_all_tokens_action_ends_equals_token_gae(seed, kind, gamma, lam, ends_on
 
 
 @given(seed=seeds, kind=mask_kinds, lam=unit, use_bootstrap=st.booleans())
-def test_naive_token_gae_equals_action_decomposed_when_gamma_is_one(
-    seed, kind, lam, use_bootstrap
-):
+def test_naive_token_gae_equals_action_decomposed_when_gamma_is_one(seed, kind, lam, use_bootstrap):
     _, index, mask, action_rewards, values, bootstrap = step_data(seed, kind)
     boot = bootstrap if use_bootstrap else None
     ends = ends_jit(index, mask)
@@ -324,9 +314,9 @@ def test_action_decomposed_gae_padding_invariance(seed, kind, gamma, lam):
     assert np.all(np.isfinite(adv)) and np.all(np.isfinite(ret))
     p_rewards = pad_columns(rng, rewards, PAD_L, PAD_R)
     p_values = pad_columns(rng, values, PAD_L, PAD_R)
-    p_ends = np.concatenate(
-        [rng.randint(0, 2, (B, PAD_L)), ends, rng.randint(0, 2, (B, PAD_R))], axis=1
-    ).astype(np.float32)
+    p_ends = np.concatenate([rng.randint(0, 2, (B, PAD_L)), ends, rng.randint(0, 2, (B, PAD_R))], axis=1).astype(
+        np.float32
+    )
     p_mask = pad_columns(rng, mask, PAD_L, PAD_R, fill=0.0)
     p_adv, p_ret = adgae_jit(p_rewards, p_values, p_ends, p_mask, gamma, lam, bootstrap)
     for full, core in ((p_adv, adv), (p_ret, ret)):
@@ -351,9 +341,7 @@ def _cases():
             (action_rewards, ends),
         ),
         "action_decomposed_gae": (
-            lambda r, v, e, m, bv: action_decomposed_gae(
-                r, v, e, m, gamma=0.9, lam=0.8, bootstrap_value=bv
-            ),
+            lambda r, v, e, m, bv: action_decomposed_gae(r, v, e, m, gamma=0.9, lam=0.8, bootstrap_value=bv),
             (rewards, values, ends, mask, bootstrap),
         ),
         "naive_token_gae": (

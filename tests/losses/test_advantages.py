@@ -54,11 +54,7 @@ def close(actual, expected, **kw):
 # jitted wrappers (hyper-parameters traced, so one compile per shape)
 # ---------------------------------------------------------------------------
 
-gae_jit = jax.jit(
-    lambda r, v, m, gamma, lam, boot: gae_advantages(
-        r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot
-    )
-)
+gae_jit = jax.jit(lambda r, v, m, gamma, lam, boot: gae_advantages(r, v, m, gamma=gamma, lam=lam, bootstrap_value=boot))
 scan_jit = jax.jit(masked_gae_scan)
 returns_jit = jax.jit(lambda r, m, gamma: discounted_returns(r, m, gamma=gamma))
 whiten_jit = jax.jit(masked_whiten, static_argnames=("shift_mean",))
@@ -400,16 +396,12 @@ def test_reinforce_plus_plus_baseline_padding_invariance(seed, kind):
     p_scores, p_ids, p_seq_mask, keep, pad_pos = _add_padding_rows(rng, scores, ids, seq_mask)
     p_mask = np.ones((NB + NPAD, T), np.float32)  # padding rows: token mask says nothing
     p_mask[keep] = mask
-    padded = np.asarray(
-        rppb_jit(p_scores, p_ids, p_mask, seq_mask=p_seq_mask, num_groups=NB + NPAD)
-    )
+    padded = np.asarray(rppb_jit(p_scores, p_ids, p_mask, seq_mask=p_seq_mask, num_groups=NB + NPAD))
     close(padded[keep], base, rtol=1e-5, atol=1e-5)
     assert np.all(padded[pad_pos] == 0.0)
     # token padding columns as well
     pp_mask = pad_columns(rng, p_mask, PAD_L, PAD_R, fill=0.0)
-    padded2 = np.asarray(
-        rppb_jit(p_scores, p_ids, pp_mask, seq_mask=p_seq_mask, num_groups=NB + NPAD)
-    )
+    padded2 = np.asarray(rppb_jit(p_scores, p_ids, pp_mask, seq_mask=p_seq_mask, num_groups=NB + NPAD))
     close(_core(padded2), padded, rtol=1e-5, atol=1e-5)
 
 
@@ -418,9 +410,7 @@ def test_group_estimators_nonfinite_padding_rows_invariance(name):
     fn = GROUP_ESTIMATORS[name]
     rng, scores, ids, seq_mask = group_data(7)
     base = np.asarray(fn(scores, ids, seq_mask, NB + NPAD))
-    p_scores, p_ids, p_mask, keep, pad_pos = _add_padding_rows(
-        rng, scores, ids, seq_mask, nonfinite=True
-    )
+    p_scores, p_ids, p_mask, keep, pad_pos = _add_padding_rows(rng, scores, ids, seq_mask, nonfinite=True)
     padded = np.asarray(fn(p_scores, p_ids, p_mask, NB + NPAD))
     close(padded[keep], base, rtol=1e-6, atol=1e-6)
     assert np.all(padded[pad_pos] == 0.0)
@@ -629,6 +619,4 @@ def test_gae_rejects_mismatched_shapes():
     with pytest.raises(AssertionError):
         gae_advantages(rewards, np.zeros((B, T + 1), np.float32), np.ones((B, T), np.float32))
     with pytest.raises(AssertionError):
-        gae_advantages(
-            rewards, rewards, np.ones((B, T), np.float32), bootstrap_value=np.zeros(B + 1)
-        )
+        gae_advantages(rewards, rewards, np.ones((B, T), np.float32), bootstrap_value=np.zeros(B + 1))

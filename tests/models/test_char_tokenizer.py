@@ -21,7 +21,7 @@ ROUND_TRIP_TEXTS = [
     "x = (3 + 4) / 2, y = -1.5; z = 2^{10} % 7",
     "The answer is $\\boxed{\\frac{1}{2}}$.",
     "\\sqrt[3]{x_1} \\leq |y| & a \\neq b ~ #1 @ `c`",
-    "It's \"quoted\" , spaced . punctuation ! ?",
+    'It\'s "quoted" , spaced . punctuation ! ?',
     "",
     " ",
     "\n",
@@ -210,9 +210,7 @@ def test_multi_turn_chat_template(hf):
         {"role": "assistant", "content": "6"},
     ]
     assert hf.apply_chat_template(messages, tokenize=False) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\n2*3<|im_end|>\n"
-        "<|im_start|>assistant\n6<|im_end|>\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2*3<|im_end|>\n<|im_start|>assistant\n6<|im_end|>\n"
     )
 
 

@@ -36,7 +36,11 @@ def test_mesh_flags_build_the_mesh_and_the_sampler_mesh_follows():
 
 
 def test_sampler_mesh_can_differ_from_the_trainer():
-    shapes = run("--config.mesh.tp=4", "--config.sampler_mesh.tp=1", "--config.sampler_mesh.dp=-1",
-                 "--config.sampler_mesh.fsdp=1")
+    shapes = run(
+        "--config.mesh.tp=4",
+        "--config.sampler_mesh.tp=1",
+        "--config.sampler_mesh.dp=-1",
+        "--config.sampler_mesh.fsdp=1",
+    )
     assert shapes["mesh"] == {"dp": 1, "fsdp": 2, "tp": 4}
     assert shapes["sampler_mesh"] == {"dp": 8, "fsdp": 1, "tp": 1}

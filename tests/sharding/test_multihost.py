@@ -30,7 +30,10 @@ def test_two_processes_agree_with_one(tmp_path):
     workers = [
         subprocess.Popen(
             [sys.executable, WORKER, str(pid), port, checkpoint, str(tmp_path / f"logits{pid}.npy")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for pid in (0, 1)
     ]
