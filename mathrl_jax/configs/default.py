@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup_steps = 10
     config.weight_decay = 0.0
     config.max_grad_norm = 1.0
+    config.adam_eps = 1e-8  # OpenR: 1e-5
     config.clip_low = 0.2
     config.clip_high = placeholder(float)  # None = clip_low; DAPO: 0.28
     config.clip_c = placeholder(float)  # dual clip
@@ -96,8 +97,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.kl_reward_coef = 0.0  # KL to the reference, in the reward (PPO family)
     config.gamma = 1.0
     config.lam = 0.95
-    config.target_kl = placeholder(float)  # OpenR approx-KL early stop (0.02)
-    config.step_separator = "\n"  # APPO / TPPO actions end at this token
+    config.target_kl = placeholder(float)  # OpenR: a minibatch whose approx-KL is over it skips its policy step (0.02)
+    config.step_separator = "\n"  # APPO / TPPO / PRM steps end where the tokens' text has this
+    config.appo_action_ratio = True  # appo: one importance ratio per action (OpenR); False: per token
+    config.advantage_whitening = "batch"  # batch: over the batch's tokens; openr: per minibatch, as OpenR
+    config.value_loss_type = "mse"  # mse | huber | huber_one_sided (OpenR's `huber_loss`)
+    config.huber_delta = 10.0
+    config.value_clip = 0.2  # the critic's value clip (OpenR: clip_param)
     config.dapo = ml_collections.ConfigDict(
         {"success_rate_lb": 0.0, "success_rate_ub": 1.0, "overlong_buffer_len": 0, "overlong_penalty_factor": 1.0}
     )

@@ -1,15 +1,22 @@
 """OpenR APPO: action-level PPO with a critic on MATH-500, rewards from a process reward model.
 
-The seed command of OpenR's `train_math.py`, here:
+OpenR's seed command (`train_math.py --algorithm_name APPO --dataset_name prealgebra
+--num_mini_batch 4 --ppo_epoch 1`), here:
 
     python scripts/train.py --config mathrl_jax/configs/openr_appo.py \
+        --config.algorithm_name=APPO --config.dataset_name=prealgebra \
         --config.model_name_or_path=/models/Qwen2.5-Math-1.5B-Instruct \
-        --config.prm_model_name_or_path=/models/Qwen2.5-Math-PRM \
-        --config.dataset_path=/data/openr_math_500.jsonl
+        --config.prm_model_name_or_path=/models/Qwen2.5-Math-7B-PRM \
+        --config.dataset_path=/data/math_500.jsonl
 
-An action is one reasoning step (ending at `step_separator`); GAE runs over
-actions (gamma 0.99, lambda 0.95); the critic is a value head on the policy's
-trunk; OpenR's approx-KL early stop (0.02) and its batch sizes.
+An action is one reasoning step (the tokens up to the one whose text completes
+`step_separator`); GAE runs over actions; one importance ratio per action; the
+critic is trained on each action's first token; advantages standardised over each
+minibatch's actions; a minibatch whose approx-KL exceeds 0.02 skips its policy step
+(the critic steps regardless); OpenR's one-sided Huber value loss (delta 10).
+Every setting is OpenR's effective one (`train_math.py` overrides `config.py`'s
+defaults: lr 1e-6, critic lr 5e-5, 4 threads x 8 steps, 50000 env steps); where
+the project differs, the README's OpenR section says so.
 """
 
 from mathrl_jax.configs import default
@@ -31,14 +38,22 @@ def get_config():
     config.step_separator = "\n\n"
     config.n_rollout_threads = 4
     config.group_size = 1
-    config.episode_length = 8  # at most this many steps per answer (OpenR)
-    config.num_env_steps = 4000
+    config.episode_length = 8  # OpenR: 8 steps per episode; counts env steps for num_env_steps (answers may have more)
+    config.num_env_steps = 50000  # OpenR train_math.py: 50000 env steps of 4 threads x 8 steps
     config.num_mini_batch = 4
     config.ppo_epoch = 1
     config.lr = 1e-6
-    config.critic_lr = 5e-6
-    config.gamma = 0.99
+    config.critic_lr = 5e-5
+    config.warmup_steps = 0  # OpenR: constant learning rates
+    config.adam_eps = 1e-5  # OpenR: opti_eps
+    config.gamma = 0.95
     config.lam = 0.95
+    config.entropy_coef = 0.01
+    config.value_loss_type = "huber_one_sided"  # OpenR's util.huber_loss
+    config.huber_delta = 10.0
+    config.value_clip = 0.2  # OpenR: the value loss is clipped with clip_param
+    config.appo_action_ratio = True
+    config.advantage_whitening = "openr"
     config.target_kl = 0.02
     config.max_grad_norm = 0.5
     config.warmstart.steps = 0

@@ -67,6 +67,28 @@ class Problem:
     subject: str | None = None
 
 
+MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+"""The seven subjects of MATH (Hendrycks et al. 2021), as OpenR's `--dataset_name` spells them."""
+
+
+def subject_key(subject: str) -> str:
+    """A subject as `MATH_SUBJECTS` spells it: "Counting & Probability" -> "counting_and_probability"."""
+    return re.sub(r"[^a-z]+", "_", subject.lower().replace("&", "and")).strip("_")
+
+
+def filter_by_subject(problems: Sequence[Problem], subject: str) -> list[Problem]:
+    """The problems of one MATH subject (`subject_key` of their `subject` field)."""
+    return [p for p in problems if p.subject is not None and subject_key(p.subject) == subject]
+
+
 class DataError(ValueError):
     """A data file that cannot be read as problems: names the file, the line (or row) and the field."""
 

@@ -8,6 +8,9 @@ Shapes are batch-major (`[B, T]` tokens, `[B]` sequences); see each docstring.
 from mathrl_jax.losses.action_decomposition import (
     action_decomposed_gae,
     action_ends_from_index,
+    action_means,
+    action_starts_from_index,
+    action_sums,
     naive_token_gae,
     scatter_action_rewards,
 )
@@ -20,6 +23,7 @@ from mathrl_jax.losses.advantages import (
     group_relative_advantages,
     group_statistics,
     masked_gae_scan,
+    masked_standardize,
     masked_whiten,
     rebn_advantages,
     reinforce_plus_plus_advantages,
@@ -48,6 +52,7 @@ from mathrl_jax.losses.kl import (
 )
 from mathrl_jax.losses.logprobs import token_logprobs_from_hidden, token_logprobs_from_logits
 from mathrl_jax.losses.policy import (
+    action_ppo_loss,
     clamped_log_ratio,
     decoupled_ppo_loss,
     gspo_loss,
@@ -65,6 +70,6 @@ from mathrl_jax.losses.registry import (
     register_advantage_estimator,
     register_policy_loss,
 )
-from mathrl_jax.losses.value import clipped_value_loss, explained_variance, huber
+from mathrl_jax.losses.value import clipped_value_loss, explained_variance, huber, huber_one_sided
 
 __all__ = [name for name in dir() if not name.startswith("_")]

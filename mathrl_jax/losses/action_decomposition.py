@@ -61,9 +61,40 @@ def action_ends_from_index(action_index: chex.Array, mask: chex.Array) -> chex.A
     return ends.astype(jnp.float32)
 
 
-def scatter_action_rewards(
-    action_rewards: chex.Array, action_index: chex.Array, action_ends: chex.Array
-) -> chex.Array:
+def action_starts_from_index(action_index: chex.Array, mask: chex.Array) -> chex.Array:
+    """`[B, T]` float32, 1.0 on the first counted token of each action (the state it is taken from)."""
+    chex.assert_rank([action_index, mask], 2)
+    chex.assert_equal_shape([action_index, mask])
+    counted = jnp.asarray(mask) > 0
+    index = jnp.where(counted, action_index, -1)
+    # The action of the previous counted token (-1 before the first).
+    previous = jax.lax.cummax(jnp.where(counted, jnp.arange(index.shape[1]), -1), axis=1)
+    previous = jnp.concatenate([jnp.full((index.shape[0], 1), -1), previous[:, :-1]], axis=1)
+    previous_index = jnp.where(previous >= 0, jnp.take_along_axis(index, jnp.maximum(previous, 0), axis=1), -1)
+    return (counted & (previous_index != index)).astype(jnp.float32)
+
+
+def action_sums(x: chex.Array, action_index: chex.Array, mask: chex.Array) -> chex.Array:
+    """`[B, T]`: at each counted token, the sum of `x` over the counted tokens of its action (0 elsewhere).
+
+    E.g. an action's log-probability is `action_sums(token_logprobs, ...)` read at any of its tokens.
+    """
+    chex.assert_equal_shape([x, action_index, mask])
+    batch, length = x.shape
+    counted = jnp.asarray(mask, jnp.float32)
+    local = jnp.clip(action_index, 0, length - 1)
+    segment = (jnp.arange(batch)[:, None] * length + local).ravel()
+    sums = jax.ops.segment_sum((jnp.asarray(x, jnp.float32) * counted).ravel(), segment, batch * length)
+    return jnp.where(counted > 0, jnp.take_along_axis(sums.reshape(batch, length), local, axis=1), 0.0)
+
+
+def action_means(x: chex.Array, action_index: chex.Array, mask: chex.Array) -> chex.Array:
+    """`[B, T]`: at each counted token, the mean of `x` over the counted tokens of its action (0 elsewhere)."""
+    counts = action_sums(jnp.ones(jnp.shape(x), jnp.float32), action_index, mask)
+    return action_sums(x, action_index, mask) / jnp.maximum(counts, 1.0)
+
+
+def scatter_action_rewards(action_rewards: chex.Array, action_index: chex.Array, action_ends: chex.Array) -> chex.Array:
     """Places each action's reward on its last token.
 
     Args:
@@ -127,6 +158,4 @@ def naive_token_gae(
     Identical to `gae_advantages`; named for comparisons with
     `action_decomposed_gae`, which it equals when gamma = 1.
     """
-    return gae_advantages(
-        token_rewards, values, mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value
-    )
+    return gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value)

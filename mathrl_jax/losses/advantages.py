@@ -56,9 +56,7 @@ def masked_gae_scan(
     """
     chex.assert_rank([rewards, values, mask, discounts], 2)
     chex.assert_equal_shape([rewards, values, mask, discounts])
-    rewards, values, mask, discounts = (
-        jnp.asarray(x, jnp.float32) for x in (rewards, values, mask, discounts)
-    )
+    rewards, values, mask, discounts = (jnp.asarray(x, jnp.float32) for x in (rewards, values, mask, discounts))
     batch = rewards.shape[0]
     if bootstrap_value is None:
         bootstrap_value = jnp.zeros((batch,), jnp.float32)
@@ -112,9 +110,7 @@ def gae_advantages(
     return masked_gae_scan(token_rewards, values, mask, discounts, lam, bootstrap_value)
 
 
-def discounted_returns(
-    token_rewards: chex.Array, mask: chex.Array, *, gamma: float = 1.0
-) -> chex.Array:
+def discounted_returns(token_rewards: chex.Array, mask: chex.Array, *, gamma: float = 1.0) -> chex.Array:
     """Reward-to-go G_t = sum_l gamma^l r_{t+l} over counted tokens, `[B, T]` float32."""
     zeros = jnp.zeros(jnp.shape(token_rewards), jnp.float32)
     # GAE with V = 0 and lam = 1 is exactly the discounted reward-to-go.
@@ -122,9 +118,7 @@ def discounted_returns(
     return advantages
 
 
-def masked_whiten(
-    x: chex.Array, mask: chex.Array, *, shift_mean: bool = True, eps: float = 1e-8
-) -> chex.Array:
+def masked_whiten(x: chex.Array, mask: chex.Array, *, shift_mean: bool = True, eps: float = 1e-8) -> chex.Array:
     """(x - mean) / sqrt(var + eps) over the masked entries (verl `masked_whiten`).
 
     The variance is unbiased. With `shift_mean=False` the mean is added back
@@ -138,6 +132,22 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return jnp.where(mask > 0, whitened, 0.0)
+
+
+def masked_standardize(x: chex.Array, mask: chex.Array, *, unbiased: bool, eps: float = 1e-8) -> chex.Array:
+    """(x - mean) / (std + eps), mean and std over the masked entries, applied to every entry.
+
+    OpenR's advantage normalisation: APPO `(A - A.mean()) / (A.std() + 1e-8)` over
+    a minibatch's actions (torch's std: unbiased); TPPO the same over the
+    minibatch's non-zero token advantages with `np.nanstd` (biased). Source:
+    OpenR `llm_trainer_appo.py` / `llm_trainer_tppo.py` `ppo_update`.
+    """
+    chex.assert_equal_shape([x, mask])
+    x = jnp.asarray(x, jnp.float32)
+    mask = jnp.asarray(mask, jnp.float32)
+    mean = masked_mean(x, mask)
+    std = jnp.sqrt(jnp.maximum(masked_var(x, mask, unbiased=unbiased), 0.0))
+    return (x - mean) / (std + eps)
 
 
 def reinforce_plus_plus_advantages(

@@ -24,6 +24,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from mathrl_jax.losses.action_decomposition import action_starts_from_index, action_sums
 from mathrl_jax.losses.aggregate import aggregate_loss, masked_mean
 
 Metrics = Dict[str, chex.Array]
@@ -151,6 +152,65 @@ def ppo_clip_loss(
     metrics = {name: masked_mean(v, mask) for name, v in indicators.items()}
     metrics.update(_ratio_metrics(log_ratio, ratio, mask))
     metrics["policy_loss"] = loss
+    return loss, metrics
+
+
+def action_ppo_loss(
+    logprobs: chex.Array,
+    old_logprobs: chex.Array,
+    advantages: chex.Array,
+    mask: chex.Array,
+    *,
+    action_index: chex.Array,
+    clip_low: float = 0.2,
+    clip_high: Optional[float] = None,
+    log_ratio_clamp: Optional[float] = 20.0,
+    denominator: Optional[chex.Array] = None,
+) -> Tuple[chex.Array, Metrics]:
+    """APPO's policy loss: one importance ratio per action (reasoning step), as OpenR.
+
+      log r_a = sum_{t in a} (log pi_t - log pi_old_t)       (the action's joint log-ratio)
+      l_a     = max(-A_a r_a, -A_a clip(r_a, 1 - eps_low, 1 + eps_high))
+      loss    = mean over actions of l_a
+
+    Source: OpenR `llm_trainer_appo.py` `cal_policy_loss` on the joint action
+    log-probs of `qwen_lora_agent.get_joint_action_log_probs`. Unlike OpenR the
+    joint log-ratio is clamped to +-`log_ratio_clamp` before `exp` (OpenR: none),
+    which changes nothing below e^20.
+
+    Args:
+      logprobs, old_logprobs, mask: `[B, T]` token arrays (module doc).
+      advantages: `[B, T]`, each action's advantage on its tokens (read at its first token).
+      action_index: `[B, T]` int, the action of each counted token.
+      denominator: the number of actions the loss is averaged over (default: those here;
+        pass a minibatch's count for exact micro-batch accumulation).
+
+    Returns:
+      (loss, metrics) with the action-level `clip_fraction`, `approx_kl` (OpenR's
+      mean of (r - 1) - log r over actions), `ratio_mean`, `ratio_max` and `num_actions`.
+    """
+    _check_token_arrays(logprobs, old_logprobs, advantages, mask, action_index)
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_clip_args(clip_low, clip_high, None)
+    logprobs, old_logprobs, advantages, mask = _as_f32(logprobs, old_logprobs, advantages, mask)
+    advantages = jax.lax.stop_gradient(advantages)
+    starts = action_starts_from_index(action_index, mask)
+    token_log_ratio = jnp.where(mask > 0, logprobs - jax.lax.stop_gradient(old_logprobs), 0.0)
+    log_ratio = action_sums(token_log_ratio, action_index, mask)
+    if log_ratio_clamp is not None:
+        log_ratio = jnp.clip(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+    ratio = jnp.exp(log_ratio)
+    loss_mat, indicators = _clipped_surrogate(ratio, advantages, clip_low, clip_high, None)
+    denominator = jnp.sum(starts) if denominator is None else denominator
+    loss = jnp.sum(loss_mat * starts) / jnp.maximum(denominator, 1e-8)
+    metrics = {name: masked_mean(v, starts) for name, v in indicators.items() if name != "dual_clip_fraction"}
+    metrics.update(
+        approx_kl=masked_mean((ratio - 1.0) - log_ratio, starts),
+        ratio_mean=masked_mean(ratio, starts),
+        ratio_max=jnp.max(jnp.where(starts > 0, ratio, -jnp.inf), initial=0.0),
+        num_actions=jnp.sum(starts),
+        policy_loss=loss,
+    )
     return loss, metrics
 
 
@@ -308,8 +368,6 @@ def reinforce_loss(
     log_ratio = clamped_log_ratio(jax.lax.stop_gradient(logprobs), old_logprobs)
     metrics = _ratio_metrics(log_ratio, jnp.exp(log_ratio), mask)
     zero = jnp.zeros((), jnp.float32)
-    metrics.update(
-        clip_fraction=zero, clip_fraction_high=zero, clip_fraction_low=zero, dual_clip_fraction=zero
-    )
+    metrics.update(clip_fraction=zero, clip_fraction_high=zero, clip_fraction_low=zero, dual_clip_fraction=zero)
     metrics["policy_loss"] = loss
     return loss, metrics

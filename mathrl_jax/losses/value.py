@@ -10,13 +10,26 @@ import jax.numpy as jnp
 
 from mathrl_jax.losses.aggregate import aggregate_loss, masked_mean, masked_var
 
-VALUE_LOSS_TYPES = ("mse", "huber")
+VALUE_LOSS_TYPES = ("mse", "huber", "huber_one_sided")
 
 
 def huber(error: chex.Array, delta: float) -> chex.Array:
     """Huber(e) = e^2 / 2 if |e| <= delta else delta (|e| - delta / 2) (Huber 1964)."""
     abs_error = jnp.abs(error)
     return jnp.where(abs_error <= delta, 0.5 * jnp.square(error), delta * (abs_error - 0.5 * delta))
+
+
+def huber_one_sided(error: chex.Array, delta: float) -> chex.Array:
+    """OpenR's `huber_loss`: e^2 / 2 if |e| <= delta, delta (|e| - delta / 2) if e > delta, and 0 if e < -delta.
+
+    Source: OpenR `train/mat/utils/util.py` `huber_loss` (`b = (e > d)`). Its large
+    negative errors (a value far above its return) give no loss and no gradient;
+    with OpenR's delta = 10 and rewards in [0, 1] they do not occur. Offered to
+    reproduce OpenR; `huber` is the symmetric loss.
+    """
+    return jnp.where(
+        jnp.abs(error) <= delta, 0.5 * jnp.square(error), jnp.where(error > delta, delta * (error - 0.5 * delta), 0.0)
+    )
 
 
 def clipped_value_loss(
@@ -47,7 +60,7 @@ def clipped_value_loss(
       returns: `[B, T]` regression targets (constants).
       mask: `[B, T]` 1.0 where the value counts.
       clip_range: eps_v, or None for the unclipped loss.
-      loss_type: "mse" or "huber".
+      loss_type: "mse", "huber" or "huber_one_sided" (OpenR's).
       huber_delta: delta of the Huber loss.
       loss_agg_mode, norm_constant, denominator: see `aggregate.aggregate_loss`.
 
@@ -67,7 +80,9 @@ def clipped_value_loss(
     mask = jnp.asarray(mask, jnp.float32)
 
     def error_loss(error):
-        return 0.5 * jnp.square(error) if loss_type == "mse" else huber(error, huber_delta)
+        if loss_type == "mse":
+            return 0.5 * jnp.square(error)
+        return (huber if loss_type == "huber" else huber_one_sided)(error, huber_delta)
 
     unclipped = error_loss(returns - values)
     if clip_range is None:

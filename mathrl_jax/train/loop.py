@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 import zlib
@@ -62,15 +63,31 @@ def _fail(message: str):
     raise TrainingError(message)
 
 
+def normalize_config(config) -> None:
+    """Spellings other systems use, in place: OpenR's upper-case algorithm names (`APPO`)."""
+    if isinstance(config.algorithm_name, str):
+        config.algorithm_name = config.algorithm_name.lower()
+
+
 def validate_config(config) -> None:
     """Every check that needs no file: names, ranges, divisibility."""
     c = config
+    normalize_config(c)
     if c.algorithm_name not in rollout_lib.ALGORITHMS:
         _fail(f"unknown algorithm_name {c.algorithm_name!r}; expected one of {', '.join(rollout_lib.ALGORITHMS)}")
     if c.sampler not in ("jax", "vllm"):
         _fail(f"unknown sampler {c.sampler!r}; expected 'jax' or 'vllm'")
-    if c.dataset_name != "arithmetic" and c.dataset_name not in DATASET_LAYOUTS:
-        _fail(f"unknown dataset_name {c.dataset_name!r}; expected 'arithmetic' or a layout {DATASET_LAYOUTS}")
+    if c.dataset_name != "arithmetic" and c.dataset_name not in DATASET_LAYOUTS + sources.MATH_SUBJECTS:
+        _fail(
+            f"unknown dataset_name {c.dataset_name!r}; expected 'arithmetic', a layout {DATASET_LAYOUTS} or a MATH "
+            f"subject (OpenR's --dataset_name, which keeps that subject's problems) {sources.MATH_SUBJECTS}"
+        )
+    if c.advantage_whitening not in ("batch", "openr"):
+        _fail(f"unknown advantage_whitening {c.advantage_whitening!r}; expected 'batch' or 'openr'")
+    if c.value_loss_type not in update_lib.losses.value.VALUE_LOSS_TYPES:
+        _fail(
+            f"unknown value_loss_type {c.value_loss_type!r}; expected one of {update_lib.losses.value.VALUE_LOSS_TYPES}"
+        )
     if c.dataset_name != "arithmetic" and not c.dataset_path:
         _fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
     if c.prompt_template not in prompts.TEMPLATE_NAMES:
@@ -173,12 +190,22 @@ class TextCodec:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         if self.eos_token_id is None:
             _fail(f"the tokenizer in {directory!r} has no eos token")
+        self._token_texts: Dict[int, str] = {}
 
     def encode(self, text: str) -> List[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token ("" for a special token), cached: a byte-level BPE piece of a multi-byte
+        character decodes to U+FFFD, which is all step splitting needs."""
+        token_id = int(token_id)
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=True)
+        return text
 
 
 class SerialGrader:
@@ -235,10 +262,16 @@ def load_data(config):
         path = config[name]
         if path and not os.path.exists(path):
             _fail(f"{name} {path!r} does not exist (all data is read from local paths)")
+    subject = config.dataset_name if config.dataset_name in sources.MATH_SUBJECTS else None
+    layout = "auto" if subject else config.dataset_name
     try:
-        problems = sources.load_problems(config.dataset_path, config.dataset_name)
+        problems = sources.load_problems(config.dataset_path, layout)
+        if subject:
+            problems = _keep_subject(problems, subject, config.dataset_path)
         if config.eval_dataset_path:
-            held_out = sources.load_problems(config.eval_dataset_path, config.dataset_name)
+            held_out = sources.load_problems(config.eval_dataset_path, layout)
+            if subject:
+                held_out = _keep_subject(held_out, subject, config.eval_dataset_path)
         else:
             order = sources.shuffled_order(len(problems), config.seed, 0)
             count = min(config.num_eval_problems, len(problems) // 10 or 1)
@@ -249,6 +282,22 @@ def load_data(config):
     if not problems:
         _fail(f"dataset {config.dataset_path!r} has no training problems left")
     return problems, held_out[: config.num_eval_problems]
+
+
+def _keep_subject(problems, subject: str, path: str):
+    """OpenR's `--dataset_name prealgebra`: the problems of that MATH subject. Data without subjects (OpenR's own
+    two-field copy of MATH-500) is used whole, as OpenR does (its environment never reads the name), with a note."""
+    if not any(p.subject for p in problems):
+        print(
+            f"note: {path!r} has no subject field, so dataset_name={subject!r} keeps every problem (as OpenR does)",
+            file=sys.stderr,
+        )
+        return problems
+    kept = sources.filter_by_subject(problems, subject)
+    if not kept:
+        found = sorted({sources.subject_key(p.subject) for p in problems if p.subject})
+        _fail(f"dataset_name={subject!r}: no problem of that subject in {path!r}; its subjects are {found}")
+    return kept
 
 
 # ----------------------------------------------------------------------------- the run
@@ -465,6 +514,38 @@ def load_prm(config):
         )
 
 
+def update_config(config) -> update_lib.UpdateConfig:
+    """The update's static settings for a run's config."""
+    alg = config.algorithm_name
+    policy_loss = LOSS_OF_ALGORITHM.get(alg, "ppo")
+    if alg == "appo" and config.appo_action_ratio:
+        policy_loss = "action_ppo"
+    whitening = None
+    if config.advantage_whitening == "openr" and alg in ("appo", "tppo"):
+        whitening = "actions" if alg == "appo" else "nonzero"
+    return update_lib.UpdateConfig(
+        ppo_epochs=config.ppo_epoch,
+        num_mini_batches=config.num_mini_batch,
+        micro_batch_size=config.micro_batch_size or None,
+        policy_loss=policy_loss,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        clip_c=config.clip_c,
+        behaviour_weight_cap=config.behaviour_weight_cap,
+        loss_agg_mode=config.loss_agg_mode,
+        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
+        entropy_coef=config.entropy_coef,
+        kl_coef=config.kl_coef,
+        kl_kind=config.kl_kind,
+        target_kl=config.target_kl,
+        temperature=config.temperature,
+        value_clip=config.value_clip,
+        value_loss_type=config.value_loss_type,
+        huber_delta=config.huber_delta,
+        minibatch_whitening=whitening,
+    )
+
+
 def build_run(config) -> Run:
     """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
     validate_config(config)
@@ -528,36 +609,23 @@ def build_run(config) -> Run:
         total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch),
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
+        eps=config.adam_eps,
     )
     critic_graphdef = critic_params = critic_optimizer = None
     if needs_critic:
         critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
-        critic_optimizer = state_lib.make_optimizer(config.critic_lr, max_grad_norm=config.max_grad_norm)
+        critic_optimizer = state_lib.make_optimizer(
+            config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
+        )
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
     state = place_state(state, mesh, rules)
     needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
     ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
-    update_cfg = update_lib.UpdateConfig(
-        ppo_epochs=config.ppo_epoch,
-        num_mini_batches=config.num_mini_batch,
-        micro_batch_size=config.micro_batch_size or None,
-        policy_loss=LOSS_OF_ALGORITHM.get(alg, "ppo"),
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        clip_c=config.clip_c,
-        behaviour_weight_cap=config.behaviour_weight_cap,
-        loss_agg_mode=config.loss_agg_mode,
-        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
-        entropy_coef=config.entropy_coef,
-        kl_coef=config.kl_coef,
-        kl_kind=config.kl_kind,
-        target_kl=config.target_kl,
-        temperature=config.temperature,
-    )
+    update_cfg = update_config(config)
     # The asynchronous generator samples with the params the learner is updating: donating them to the update
     # would free buffers another thread is reading.
     update = update_lib.make_update_fn(
@@ -701,19 +769,32 @@ def prm_action_rewards(run: Run, rollouts, problems) -> Optional[np.ndarray]:
     if run.prm is None:
         return None
     c = run.config
-    texts = rollouts.texts or [run.codec.decode(ids) for ids in rollouts.completion_ids]
     questions = [p.question for p in problems for _ in range(c.group_size)]
-    steps = [run.prm.split_steps(t) or [t] for t in texts]
+    steps = []
+    for ids, index in zip(rollouts.completion_ids, action_indices(run, rollouts)):
+        texts = [""] * (int(index.max()) + 1 if len(index) else 1)
+        for token, action in zip(ids, index):
+            texts[action] += run.codec.token_text(token)
+        steps.append([text.replace(c.step_separator, " ").strip() for text in texts])
     scores = run.prm.step_scores(questions, steps)
-    out = np.zeros((len(texts), max_actions(c)), np.float32)
+    out = np.zeros((len(steps), max(len(row) for row in steps)), np.float32)
     for row, row_scores in enumerate(scores):
-        row_scores = np.nan_to_num(np.asarray(row_scores, np.float32)[: out.shape[1]])
+        row_scores = np.nan_to_num(np.asarray(row_scores, np.float32))
         out[row, : len(row_scores)] = row_scores
     return out
 
 
-def max_actions(config) -> int:
-    return max(8, config.episode_length)
+def action_indices(run: Run, rollouts) -> List[np.ndarray]:
+    """Per completion, `[len]` int32: the reasoning step (action) of each token, split at `step_separator` in
+    the tokens' text (`rollout.action_index_from_text`): the actions APPO / TPPO train on and the steps the
+    PRM scores. Without a separator each completion is one action."""
+    separator = run.config.step_separator
+    if not separator:
+        return [np.zeros(len(ids), np.int32) for ids in rollouts.completion_ids]
+    return [
+        rollout_lib.action_index_from_text([run.codec.token_text(t) for t in ids], separator)
+        for ids in rollouts.completion_ids
+    ]
 
 
 def batch_columns(config, rollouts) -> int:
@@ -775,7 +856,16 @@ def prepare_batch(
             advantages=update_lib.losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask),
         )
         return batch, metrics
-    separator_ids = run.codec.encode(c.step_separator) if c.step_separator else []
+    action_index = None
+    if c.algorithm_name in ("appo", "tppo"):
+        rows = action_indices(run, rollouts)
+        prompt_length = max(len(p) for p in rollouts.prompt_ids)
+        action_index = np.zeros(batch["input_ids"].shape, np.int32)
+        for row, index in enumerate(rows):
+            action_index[row, prompt_length : prompt_length + len(index)] = index
+        action_index = jnp.asarray(action_index)
+        if action_rewards is not None:
+            action_rewards = jnp.asarray(action_rewards)
     advantages = rollout_lib.compute_advantages(
         c.algorithm_name,
         batch,
@@ -788,9 +878,9 @@ def prepare_batch(
         kl_reward_coef=c.kl_reward_coef,
         gamma=c.gamma,
         lam=c.lam,
-        separator_ids=separator_ids[-1:],
-        max_actions=max_actions(c),
+        action_index=action_index,
         action_rewards=action_rewards,
+        whiten=c.advantage_whitening == "batch",
     )
     batch.update(advantages)
     plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
@@ -820,7 +910,7 @@ RENAMES = {
     "grad_norm": "train/grad_norm",
     "value_loss": "train/value_loss",
     "value_grad_norm": "train/value_grad_norm",
-    "early_stopped": "train/early_stopped",
+    "kl_skipped": "train/kl_skipped_fraction",
     "skipped_updates": "train/skipped_updates",
     "loss": "train/loss",
 }

@@ -10,7 +10,7 @@ be read, tested and reused on its own:
 | `drgrpo`         | s - mean_g (no std), loss seq-mean-token-sum-norm        | Liu et al. 2025         |
 | `dapo`           | as grpo, after dynamic group filtering + overlong shaping | Yu et al. 2025; verl    |
 | `ppo`            | token-level GAE with a critic, reward on the last token  | Ouyang et al.; verl     |
-| `appo`           | action-level GAE (action = reasoning step), critic       | OpenR `batch_process_appo` |
+| `appo`           | action-level GAE over reasoning steps, one ratio per step, critic | OpenR `batch_process_appo` |
 | `tppo`           | POAD action-decomposed token backup, critic              | Wen et al. 2024; OpenR  |
 | `reinforce_rebn` | per-turn discounted returns, batch-normalised            | GEM (Liu et al. 2025)   |
 | `async_ppo`      | as grpo (AReaL's default estimator), decoupled loss     | AReaL                   |
@@ -54,6 +54,37 @@ def action_index_from_separators(
     is_sep = jnp.isin(input_ids, jnp.asarray(separator_ids)) & (response_mask > 0)
     ends_before = jnp.cumsum(is_sep, axis=1) - is_sep  # separators strictly before each token
     return ends_before.astype(jnp.int32)
+
+
+def action_index_from_text(token_texts: Sequence[str], separator: str) -> np.ndarray:
+    """`[T]` int32: the reasoning step of each token of one completion, split where its *text* has `separator`.
+
+    A token ends its step when the step's text so far (the text after the previous
+    separator, carried over from the token that held it) contains `separator` and
+    something besides whitespace before it. So a tokenizer that merges the separator
+    with what precedes it (Qwen2's `.\n\n`, ` \n\n`, `:\n\n` tokens) or splits it
+    over several tokens ends the step at the token that completes it, and a
+    separator with nothing before it (a leading or doubled one) starts no empty
+    step; trailing text with nothing but whitespace joins the last step. The steps
+    are then those of `rewards.prm.ProcessRewardModel.split_steps` on the decoded
+    text (split at `separator`, blank parts dropped), the PRM's view of the answer.
+
+    Args:
+      token_texts: the text of each token (e.g. `tokenizer.decode([id])`).
+      separator: the step separator, e.g. "\n\n".
+    """
+    index = np.zeros(len(token_texts), np.int32)
+    step, pending = 0, ""  # pending: the current step's text so far
+    for t, text in enumerate(token_texts):
+        index[t] = step
+        pending += text
+        if separator in pending:
+            *before, pending = pending.split(separator)
+            if any(part.strip() for part in before):
+                step += 1
+    if step > 0 and not pending.strip():  # the tokens after the last separator are blank: they join the last step
+        index[index == step] = step - 1
+    return index
 
 
 def dapo_group_filter(
@@ -151,7 +182,8 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 0.95,
     separator_ids: Sequence[int] = (),
-    max_actions: int = 32,
+    action_index: Optional[jax.Array] = None,
+    max_actions: Optional[int] = None,
     action_rewards: Optional[jax.Array] = None,
     whiten: bool = True,
 ) -> Dict[str, jax.Array]:
@@ -164,14 +196,22 @@ def compute_advantages(
       row_mask: `[N]` 1 on rows that count (DAPO's filter zeroes the others).
       values: `[N, L]` critic values aligned like the log-probs (critic algorithms).
       ref_logprobs: `[N, L]` with `kl_reward_coef > 0`: KL to the reference in the reward.
-      separator_ids: tokens that end a reasoning step (APPO / TPPO actions).
-      action_rewards: optional `[N, max_actions]` per-step rewards (a PRM's step
-        scores), placed on each step's last token in addition to `scores` on the
-        last response token (pass zero scores for step rewards only).
+      separator_ids: tokens that end a reasoning step (APPO / TPPO actions), or
+      action_index: `[N, L]` int, the step of each response token (e.g. from
+        `action_index_from_text`, which a tokenizer merging the separator into
+        other tokens needs); it takes precedence.
+      max_actions: APPO's per-row action slots; None: as many as the data has
+        (a row with more actions than a given `max_actions` is an error, never a merge).
+      action_rewards: optional `[N, A]` per-step rewards (a PRM's step scores, A at
+        least the number of steps of every row), placed on each step's last token in
+        addition to `scores` on the last response token (pass zero scores for step
+        rewards only).
+      whiten: standardise the advantages over the batch's response tokens (critic
+        algorithms); False leaves them raw (e.g. for per-minibatch whitening).
 
     Returns:
       dict with advantages `[N, L]` and response_mask `[N, L]` (row_mask applied);
-      with a critic also returns, old_values and value_mask.
+      with a critic also returns, old_values, value_mask and action_index.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
@@ -192,7 +232,18 @@ def compute_advantages(
     if values is None:
         raise ValueError(f"algorithm {algorithm!r} needs critic values")
     token_rewards = last_token_rewards(scores, response_mask)
-    index = action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
+    if action_index is None:
+        index = action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
+    else:
+        index = jnp.asarray(action_index, jnp.int32)
+    index = jnp.where(response_mask > 0, index, 0)
+    num_actions = int(jnp.max(index)) + 1
+    if max_actions is not None and num_actions > max_actions:
+        raise ValueError(f"a response has {num_actions} actions, over max_actions={max_actions}")
+    if action_rewards is not None and action_rewards.shape[1] < num_actions:
+        raise ValueError(
+            f"action_rewards has {action_rewards.shape[1]} columns but a response has {num_actions} actions"
+        )
     if action_rewards is not None:
         ends = losses.action_ends_from_index(index, response_mask)
         token_rewards = token_rewards + losses.scatter_action_rewards(jnp.asarray(action_rewards), index, ends)
@@ -214,10 +265,11 @@ def compute_advantages(
             ends = losses.action_ends_from_index(index, response_mask)
             adv, ret = losses.action_decomposed_gae(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)
         else:
+            slots = max_actions or 1 << max(3, (num_actions - 1).bit_length())  # a few shapes: 8, 16, 32, ...
             adv, ret, value_mask = action_level_gae(
-                token_rewards, values, index, response_mask, max_actions=max_actions, gamma=gamma, lam=lam
+                token_rewards, values, index, response_mask, max_actions=slots, gamma=gamma, lam=lam
             )
     if whiten:
         adv = losses.masked_whiten(adv, response_mask)
-    out.update(advantages=adv, returns=ret, old_values=values, value_mask=value_mask)
+    out.update(advantages=adv, returns=ret, old_values=values, value_mask=value_mask, action_index=index)
     return out

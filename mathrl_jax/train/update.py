@@ -7,15 +7,20 @@ Batch (all `[N, L]`, row layout of `Rollouts.to_batch`: column c holds token c,
 whose log-prob comes from the logits at column c - 1):
   input_ids, attention_mask, response_mask, old_logprobs, advantages;
   ref_logprobs (with `kl_coef > 0`); proximal_logprobs (decoupled loss);
-  returns, old_values (with a critic).
+  returns, old_values, value_mask (with a critic: the entries the critic is
+  trained on, e.g. each action's first token for APPO); action_index (the
+  action-level loss and whitening).
 
 Per minibatch: the loss denominator is computed on the whole minibatch, each
 micro-batch contributes numerator / denominator (so accumulation is exact,
 not an average of averages); the gradient norm is taken before clipping; a
 step whose loss or gradient is not finite is skipped, params and optimizer
-state untouched, and counted; with `target_kl`, once a minibatch's approx-KL
-(k3, OpenR) exceeds it, it and the remaining minibatches of the batch are not
-applied.
+state untouched, and counted. With `target_kl`, a minibatch whose approx-KL
+(the mean of (r - 1) - log r, over tokens, or over actions for the action-level
+loss) exceeds it does not step the policy; the critic steps regardless, and
+later minibatches are unaffected (OpenR `ppo_update`: `if total_approx_kl >
+0.02: zero_grad; return`, after the critic's step). With `minibatch_whitening`,
+advantages are standardised within each minibatch as OpenR does.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from flax import nnx
 from mathrl_jax import losses
 from mathrl_jax.train.state import TrainState
 
-POLICY_LOSSES = ("ppo", "decoupled", "gspo", "reinforce")
+POLICY_LOSSES = ("ppo", "action_ppo", "decoupled", "gspo", "reinforce")
+WHITENING = (None, "actions", "nonzero")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +59,12 @@ class UpdateConfig:
     kl_coef: float = 0.0  # KL to the reference in the loss (GRPO); 0 disables
     kl_kind: str = "k3"
     value_clip: Optional[float] = 0.2
-    value_loss_type: str = "mse"
-    target_kl: Optional[float] = None  # OpenR early stop on approx-KL
+    value_loss_type: str = "mse"  # or "huber", "huber_one_sided" (OpenR's)
+    huber_delta: float = 10.0
+    target_kl: Optional[float] = None  # OpenR: a minibatch over it does not step the policy
+    # Standardise advantages per minibatch, as OpenR: over its actions (APPO, unbiased std) or over its non-zero
+    # token advantages (TPPO, biased std); None leaves them as given.
+    minibatch_whitening: Optional[str] = None
     temperature: float = 1.0  # log-probs at the sampler's temperature
 
     def __post_init__(self):
@@ -64,6 +74,12 @@ class UpdateConfig:
             raise ValueError(f"ppo_epochs={self.ppo_epochs}, num_mini_batches={self.num_mini_batches}: must be >= 1")
         if self.loss_agg_mode not in losses.LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r}: expected one of {losses.LOSS_AGG_MODES}")
+        if self.minibatch_whitening not in WHITENING:
+            raise ValueError(f"minibatch_whitening={self.minibatch_whitening!r}: expected one of {WHITENING}")
+        if self.value_loss_type not in losses.value.VALUE_LOSS_TYPES:
+            raise ValueError(
+                f"value_loss_type={self.value_loss_type!r}: expected one of {losses.value.VALUE_LOSS_TYPES}"
+            )
 
 
 def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
@@ -92,6 +108,17 @@ def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Arr
     clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
     if cfg.policy_loss == "ppo":
         loss, metrics = losses.ppo_clip_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **clip, **agg)
+    elif cfg.policy_loss == "action_ppo":  # APPO as OpenR: one ratio per action, averaged over actions
+        loss, metrics = losses.action_ppo_loss(
+            logp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mask,
+            action_index=mb["action_index"],
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            denominator=denominator,
+        )
     elif cfg.policy_loss == "decoupled":
         loss, metrics = losses.decoupled_ppo_loss(
             logp,
@@ -108,15 +135,46 @@ def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Arr
     else:
         loss, metrics = losses.reinforce_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **agg)
     metrics = {"policy_loss": loss, **metrics}
-    entropy_term = losses.aggregate_loss(entropy, mask, cfg.loss_agg_mode, cfg.norm_constant, denominator)
-    metrics["entropy"] = losses.masked_mean(entropy, mask)
+    if cfg.policy_loss == "action_ppo":  # OpenR: each action's mean token entropy, averaged over actions
+        starts = losses.action_starts_from_index(mb["action_index"], mask)
+        action_entropy = losses.action_means(entropy, mb["action_index"], mask)
+        entropy_term = jnp.sum(action_entropy * starts) / jnp.maximum(denominator, 1e-8)
+        metrics["entropy"] = losses.masked_mean(action_entropy, starts)
+    else:
+        entropy_term = losses.aggregate_loss(entropy, mask, cfg.loss_agg_mode, cfg.norm_constant, denominator)
+        metrics["entropy"] = losses.masked_mean(entropy, mask)
     total = loss - cfg.entropy_coef * entropy_term
     if cfg.kl_coef:
         kl, _ = losses.kl_loss(logp, mb["ref_logprobs"], mask, kind=cfg.kl_kind, **agg)
         metrics["kl"] = kl
         total = total + cfg.kl_coef * kl
-    metrics["approx_kl_k3"] = losses.masked_mean(losses.kl_k3(mb["old_logprobs"], logp), mask)
+    if cfg.policy_loss == "action_ppo":
+        metrics["approx_kl_k3"] = metrics.pop("approx_kl")  # over actions: (r_a - 1) - log r_a
+        metrics.pop("num_actions")
+    else:  # (r - 1) - log r over tokens, r = pi / pi_old
+        metrics["approx_kl_k3"] = losses.masked_mean(losses.kl_k3(mb["old_logprobs"], logp), mask)
     return total, metrics
+
+
+def _policy_units(cfg: UpdateConfig, mb) -> jax.Array:
+    """`[..., L]` 1 on what the policy loss averages over: tokens, or each action's first token (action-level)."""
+    if cfg.policy_loss != "action_ppo":
+        return mb["response_mask"]
+    index, mask = mb["action_index"], mb["response_mask"]
+    flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
+    return losses.action_starts_from_index(flat(index), flat(mask)).reshape(mask.shape)
+
+
+def _whiten_minibatch(cfg: UpdateConfig, mb) -> jax.Array:
+    """The minibatch's advantages standardised as OpenR's `ppo_update` does (`minibatch_whitening`)."""
+    advantages, mask = mb["advantages"], mb["response_mask"]
+    if cfg.minibatch_whitening == "actions":  # APPO: one entry per action, torch's unbiased std
+        flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
+        units = losses.action_starts_from_index(flat(mb["action_index"]), flat(mask)).reshape(mask.shape)
+        whitened = losses.masked_standardize(advantages, units, unbiased=True)
+    else:  # TPPO: the non-zero entries, np.nanstd (biased)
+        whitened = losses.masked_standardize(advantages, mask * (advantages != 0), unbiased=False)
+    return jnp.where(mask > 0, whitened, 0.0)
 
 
 def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
@@ -125,9 +183,10 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
         values,
         mb["old_values"],
         mb["returns"],
-        mb["response_mask"],
+        mb["value_mask"],
         clip_range=cfg.value_clip,
         loss_type=cfg.value_loss_type,
+        huber_delta=cfg.huber_delta,
         loss_agg_mode=cfg.loss_agg_mode,
         norm_constant=cfg.norm_constant,
         denominator=denominator,
@@ -146,14 +205,16 @@ def _weighted_mean(values: Dict[str, jax.Array], weights: jax.Array) -> Dict[str
 STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied")
 
 
-def _accumulate(objective: Callable, params, micro_batches, denominator):
-    """Sum over micro-batches of (loss, grads); metrics (token means) averaged weighted by each micro-batch's
-    response tokens, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them."""
+def _accumulate(objective: Callable, params, micro_batches, denominator, units):
+    """Sum over micro-batches of (loss, grads); metrics (means over each micro-batch's `units`, `[A, micro, L]`:
+    tokens, actions or value entries) averaged weighted by its unit count, so a micro-batch of padding rows
+    (multi-turn, DAPO-filtered) does not dilute them."""
 
-    def body(acc, mb):
+    def body(acc, xs):
+        mb, mb_units = xs
         (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
         acc_loss, acc_grads, acc_metrics = acc
-        tokens = jnp.sum(mb["response_mask"]).astype(jnp.float32)
+        tokens = jnp.sum(mb_units).astype(jnp.float32)
         return (
             acc_loss + loss,
             jax.tree.map(jnp.add, acc_grads, grads),
@@ -169,8 +230,8 @@ def _accumulate(objective: Callable, params, micro_batches, denominator):
         jax.tree.map(jnp.zeros_like, params),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape),
     )
-    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, micro_batches)
-    tokens = jnp.sum(micro_batches["response_mask"])
+    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, (micro_batches, units))
+    tokens = jnp.sum(units)
     # All padding: the metrics are 0, and the minibatch gets no weight in `update`'s average.
     scale = jnp.where(tokens > 0, 1.0 / jnp.maximum(tokens, 1e-30), 0.0)
     return loss, grads, jax.tree.map(lambda m: m * scale, metrics)
@@ -178,6 +239,14 @@ def _accumulate(objective: Callable, params, micro_batches, denominator):
 
 def _apply_if(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def minibatch_order(rng: jax.Array, rows: int, epochs: int, num_mini_batches: int) -> Tuple[jax.Array, jax.Array]:
+    """(the next RNG key, `[epochs * num_mini_batches, rows / num_mini_batches]` row indices): each epoch a fresh
+    permutation of the rows, cut into minibatches in order. `rng` is the TrainState's raw key data."""
+    key, perm_key = jax.random.split(jax.random.wrap_key_data(rng))
+    perms = jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(perm_key, epochs)])
+    return key, perms.reshape(epochs * num_mini_batches, rows // num_mini_batches)
 
 
 def make_update_fn(
@@ -202,47 +271,60 @@ def make_update_fn(
         micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is the minibatch
         if mini % micro:
             raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
-        key, perm_key = jax.random.split(jax.random.wrap_key_data(state.rng))
-        perms = jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(perm_key, cfg.ppo_epochs)])
-        order = perms.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
+        key, order = minibatch_order(state.rng, rows, cfg.ppo_epochs, cfg.num_mini_batches)
+        order = order.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
 
         def minibatch_step(carry, index):
-            params, opt_state, critic_params, critic_opt_state, stopped, skipped = carry
+            params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped = carry
             micro_batches = jax.tree.map(lambda x: x[index], batch)  # [A, micro, ...]
-            denominator = losses.loss_denominator(micro_batches["response_mask"].reshape(mini, -1), cfg.loss_agg_mode)
-            loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator)
+            if cfg.minibatch_whitening:
+                micro_batches = dict(micro_batches, advantages=_whiten_minibatch(cfg, micro_batches))
+            units = _policy_units(cfg, micro_batches)
+            if cfg.policy_loss == "action_ppo":
+                denominator = jnp.sum(units)  # the minibatch's actions
+            else:
+                denominator = losses.loss_denominator(
+                    micro_batches["response_mask"].reshape(mini, -1), cfg.loss_agg_mode
+                )
+            loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            kl_skip = jnp.zeros((), bool)
             if cfg.target_kl is not None:
-                stopped = stopped | (metrics["approx_kl_k3"] > cfg.target_kl)
-            apply = finite & ~stopped
+                kl_skip = metrics["approx_kl_k3"] > cfg.target_kl
+            apply = finite & ~kl_skip
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             params = _apply_if(apply, optax.apply_updates(params, updates), params)
             opt_state = _apply_if(apply, new_opt_state, opt_state)
             metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
             if has_critic:
-                v_loss, v_grads, v_metrics = _accumulate(critic_objective, critic_params, micro_batches, denominator)
+                value_mask = micro_batches["value_mask"]
+                v_denominator = losses.loss_denominator(value_mask.reshape(mini, -1), cfg.loss_agg_mode)
+                v_loss, v_grads, v_metrics = _accumulate(
+                    critic_objective, critic_params, micro_batches, v_denominator, value_mask
+                )
                 v_norm = optax.tree.norm(v_grads)
-                v_apply = jnp.isfinite(v_loss) & jnp.isfinite(v_norm) & ~stopped
+                v_apply = jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
                 v_updates, new_v_opt = critic_optimizer.update(v_grads, critic_opt_state, critic_params)
                 critic_params = _apply_if(v_apply, optax.apply_updates(critic_params, v_updates), critic_params)
                 critic_opt_state = _apply_if(v_apply, new_v_opt, critic_opt_state)
                 metrics.update(v_metrics, value_grad_norm=v_norm)
                 finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
             skipped = skipped + (~finite).astype(jnp.int32)
+            kl_skipped = kl_skipped + kl_skip.astype(jnp.int32)
             metrics["applied"] = apply.astype(jnp.float32)
             metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
-            return (params, opt_state, critic_params, critic_opt_state, stopped, skipped), metrics
+            return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), metrics
 
         init = (
             state.params,
             state.opt_state,
             state.critic_params,
             state.critic_opt_state,
-            jnp.zeros((), bool),
+            jnp.zeros((), jnp.int32),
             jnp.zeros((), jnp.int32),
         )
-        (params, opt_state, critic_params, critic_opt_state, stopped, skipped), per_step = jax.lax.scan(
+        (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), per_step = jax.lax.scan(
             minibatch_step, init, order
         )
         tokens = per_step.pop("tokens")
@@ -250,7 +332,7 @@ def make_update_fn(
         step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
         metrics = _weighted_mean(token_means, tokens)  # each minibatch by its tokens
         metrics.update(_weighted_mean(step_values, (tokens > 0).astype(jnp.float32)))
-        metrics["early_stopped"] = stopped.astype(jnp.float32)
+        metrics["kl_skipped"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # fraction of policy steps
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
         new_state = state.replace(
             params=params,

@@ -202,3 +202,16 @@ def test_negative_clip_range_raises():
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError, match="clip_range"):
         clipped_value_loss(x, x, x, x, clip_range=-0.1)
+
+
+def test_one_sided_huber_is_openrs_formula():
+    """OpenR util.huber_loss: a = |e| <= d, b = e > d; a e^2 / 2 + b d (|e| - d / 2): errors below -d give 0."""
+    from mathrl_jax.losses import huber, huber_one_sided
+
+    e = np.array([-25.0, -10.5, -10.0, -3.0, 0.0, 2.5, 10.0, 10.5, 25.0], np.float32)
+    d = 10.0
+    a, b = (np.abs(e) <= d).astype(np.float32), (e > d).astype(np.float32)
+    np.testing.assert_allclose(huber_one_sided(jnp.asarray(e), d), a * e**2 / 2 + b * d * (np.abs(e) - d / 2))
+    inside = np.abs(e) <= d
+    np.testing.assert_allclose(np.asarray(huber_one_sided(jnp.asarray(e), d))[inside], np.asarray(huber(e, d))[inside])
+    assert float(huber_one_sided(jnp.asarray(-25.0), d)) == 0.0 and float(huber(jnp.asarray(-25.0), d)) == 200.0

@@ -35,7 +35,7 @@ def math_rows(n=24):
             "problem": f"What is {a} plus {a + 1}?",
             "answer": str(2 * a + 1),
             "solution": f"{a}+{a + 1}={2 * a + 1}, so \\boxed{{{2 * a + 1}}}.",
-            "subject": "Prealgebra",
+            "subject": ("Prealgebra", "Algebra", "Counting & Probability")[a % 3],
             "level": 1 + a % 5,
             "unique_id": f"test/prealgebra/{a}.json",
         }
@@ -85,10 +85,12 @@ def stand_ins(tmp_path_factory):
 def recipe_flags(name, stand_ins):
     policy = f"--config.model_name_or_path={stand_ins['policy']}"
     data = stand_ins["data"]
+    # OpenR's seed command: its upper-case algorithm name and a MATH subject as dataset_name (MATH-500 layout with
+    # subjects for APPO; OpenR's own subject-less copy for TPPO, used whole as OpenR does).
     openr = [
         policy,
         f"--config.prm_model_name_or_path={stand_ins['policy']}",
-        f"--config.dataset_path={data['openr']}",
+        "--config.dataset_name=prealgebra",
         "--config.prm.step_tag=@",
         "--config.num_env_steps=64",  # 2 iterations of 4 answers x 8 steps
     ]
@@ -96,8 +98,8 @@ def recipe_flags(name, stand_ins):
         "grpo_qwen_math": [policy, f"--config.dataset_path={data['math500']}", "--config.sampler=jax"],
         "dapo_qwen_math": [policy, f"--config.dataset_path={data['verl']}", "--config.sampler=jax"],
         "areal_async": [policy, f"--config.dataset_path={data['boba']}", "--config.sampler=jax"],
-        "openr_appo": openr,
-        "openr_tppo": openr,
+        "openr_appo": [*openr, "--config.algorithm_name=APPO", f"--config.dataset_path={data['math500']}"],
+        "openr_tppo": [*openr, "--config.algorithm_name=TPPO", f"--config.dataset_path={data['openr']}"],
         "gem_guess_number": [f"--config.model_name_or_path={stand_ins['qwen3']}", "--config.n_rollout_threads=2"],
     }[name]
 

@@ -370,7 +370,7 @@ def test_default_panels_skip_flat_and_unlogged_metrics(tmp_path):
                 {
                     "rollout/rewards": step / 5,
                     "train/policy_loss": 0.1 * step,
-                    "train/early_stopped": 0.0,  # flat: says nothing
+                    "train/kl_skipped_fraction": 0.0,  # flat: says nothing
                     "train/clip_fraction": 0.0,  # flat too, though a standard panel
                     "perf/step_time": 1.0 + step,  # varies, but not a panel
                 },

@@ -72,6 +72,20 @@ def test_micro_batch_accumulation_is_exact(mode):
     np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("whitening", [None, "actions"])
+def test_micro_batch_accumulation_is_exact_for_the_action_level_loss(whitening):
+    batch = make_batch()
+    rng = np.random.default_rng(1)
+    steps = np.cumsum(rng.random((N, L)) < 0.4, axis=1).astype(np.int32)  # random step boundaries
+    batch["action_index"] = jnp.asarray(steps * np.asarray(batch["response_mask"] > 0))
+    sgd = optax.sgd(1.0)
+    settings = dict(policy_loss="action_ppo", num_mini_batches=2, entropy_coef=0.01, minibatch_whitening=whitening)
+    whole, m1 = run_update(UpdateConfig(**settings), batch, sgd)
+    micro, m2 = run_update(UpdateConfig(micro_batch_size=1, **settings), batch, sgd)
+    assert_trees_close(whole.params, micro.params, atol=2e-6)
+    np.testing.assert_allclose(m1["approx_kl_k3"], m2["approx_kl_k3"], rtol=1e-5, atol=1e-9)
+
+
 def test_epochs_times_minibatches_optimizer_steps_and_version():
     optimizer = make_optimizer(1e-2, max_grad_norm=1.0)
     state, metrics = run_update(UpdateConfig(ppo_epochs=3, num_mini_batches=2), make_batch(), optimizer)
@@ -95,14 +109,14 @@ def test_non_finite_loss_skips_the_step_without_touching_params():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_approx_kl_guard_stops_the_remaining_minibatches():
+def test_approx_kl_guard_skips_the_policy_step_of_each_minibatch_over_it():
     batch = make_batch()
     batch["old_logprobs"] = batch["old_logprobs"] - 1.0 * batch["response_mask"]  # far from the current policy
     graphdef, params = split_policy()
     optimizer = make_optimizer(1e-2)
     state = create_train_state(params, optimizer, seed=0)
     new_state, metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=0.02), batch, optimizer, state)
-    assert metrics["early_stopped"] == 1.0 and metrics["applied"] == 0.0
+    assert metrics["kl_skipped"] == 1.0 and metrics["applied"] == 0.0
     assert_trees_close(state.params, new_state.params, atol=0)
     kept, kept_metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=1e6), batch, optimizer, state)
     assert kept_metrics["applied"] == 1.0
@@ -114,7 +128,11 @@ def test_critic_update_fits_returns():
     batch = make_batch()
     values = compute_values_fn(critic_graphdef)
     returns = batch["response_mask"] * 0.7
-    batch.update(returns=returns, old_values=values(critic_params, batch["input_ids"], batch["attention_mask"]))
+    batch.update(
+        returns=returns,
+        old_values=values(critic_params, batch["input_ids"], batch["attention_mask"]),
+        value_mask=batch["response_mask"],
+    )
     optimizer, critic_optimizer = make_optimizer(1e-3), make_optimizer(3e-2)
     state = create_train_state(
         params, optimizer, seed=0, critic_params=critic_params, critic_optimizer=critic_optimizer
