@@ -292,32 +292,24 @@ def test_answers_with_many_steps_are_never_merged():
     values = rng.normal(size=(1, L)).astype(np.float32)
     rewards = rng.uniform(size=(1, steps)).astype(np.float32)
     index = np.repeat(np.arange(steps), per)[None]
-    out = rollout.compute_advantages(
-        "tppo",
-        batch,
-        jnp.zeros(1),
-        values=jnp.asarray(values),
-        gamma=0.9,
-        lam=0.8,
-        action_index=jnp.asarray(index),
-        action_rewards=jnp.asarray(rewards),
-        whiten=False,
-    )
+
+    def advantages(algorithm):
+        return rollout.compute_advantages(
+            algorithm,
+            batch,
+            jnp.zeros(1),
+            values=jnp.asarray(values),
+            gamma=0.9,
+            lam=0.8,
+            action_index=jnp.asarray(index),
+            action_rewards=jnp.asarray(rewards),
+            whiten=False,
+        )["advantages"]
+
     want, _ = tppo_gae(rewards, values, index, np.ones((1, L)), 0.9, 0.8)
-    np.testing.assert_allclose(out["advantages"], want, atol=1e-5)
-    appo = rollout.compute_advantages(
-        "appo",
-        batch,
-        jnp.zeros(1),
-        values=jnp.asarray(values),
-        gamma=0.9,
-        lam=0.8,
-        action_index=jnp.asarray(index),
-        action_rewards=jnp.asarray(rewards),
-        whiten=False,
-    )
+    np.testing.assert_allclose(advantages("tppo"), want, atol=1e-5)
     step_adv, _ = appo_gae(rewards, values[:, ::per], [steps], 0.9, 0.8)
-    np.testing.assert_allclose(appo["advantages"], np.repeat(step_adv, per, axis=1), atol=1e-5)
+    np.testing.assert_allclose(advantages("appo"), np.repeat(step_adv, per, axis=1), atol=1e-5)
     with pytest.raises(ValueError, match="max_actions=8"):
         rollout.compute_advantages(
             "appo", batch, jnp.zeros(1), values=jnp.asarray(values), action_index=jnp.asarray(index), max_actions=8
