@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from mathrl_jax.envs import sandbox
 from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, detect_isolation, run_python
+from mathrl_jax.envs.sandbox import child as sandbox  # the entry script, whose path the tests look for
 
 TIGHT = SandboxLimits(
     wall_time_s=3.0,

@@ -1,0 +1,90 @@
+"""Runs untrusted Python (model-generated code) in a confined child process.
+
+`run_python(code, limits)` starts a fresh interpreter in a temporary working
+directory with a cleaned environment and returns its (truncated) stdout,
+stderr and a `status` naming the limit that stopped it. Model-generated code is
+hostile input: it only ever runs through here.
+
+Layers, each used where the machine offers it (`detect_isolation`):
+
+- rlimits (always): CPU seconds (`RLIMIT_CPU`), address space (`RLIMIT_AS`), file
+  size (`RLIMIT_FSIZE`), open files; no core files.
+- wall clock (always): the process group (and namespace, and cgroup) is SIGKILLed
+  at `wall_time_s`.
+- bounded capture (always): at most `max_output_bytes` of stdout and of stderr are
+  kept; more ends the run ("output_limit").
+- namespaces (`unshare`): fresh user, pid, net, mount, ipc, uts and cgroup
+  namespaces. No network but a down loopback; `/proc` shows only the sandbox's
+  processes; everything dies with the namespace's first process; the working
+  directory is a tmpfs of `disk_bytes`.
+- pids cgroup (a writable v1 or v2 pids controller): at most `max_processes`
+  processes and threads.
+- Landlock (Linux >= 5.13): writes only inside the working directory; reads and
+  exec only of system and interpreter directories; no mount changes; no TCP bind
+  or connect (ABI >= 4); no signals or abstract sockets outside the sandbox (ABI >= 6).
+- audit hook (always, PEP 578): refuses, with a `SandboxViolation` naming the
+  operation, network calls, writes outside the working directory, reads outside
+  it and the system / interpreter directories (so: no raw disks, no other
+  processes' `/proc` entries, no caller's files) and symlinks; and, wherever the
+  kernel does not cap them, process creation and `ctypes` calls.
+
+Reads of system directories (`/etc`, `/usr`, ...) stay allowed: keep secrets out of them.
+
+The audit hook (PEP 578) is not a security boundary on its own (the PEP says
+so): it is the refusal layer that names what was refused, and the fallback
+when `unshare` / cgroups / Landlock are missing. Processes (and `ctypes`) are
+allowed only where the kernel confines what they could do without the hook:
+namespaces + a process cap + Landlock. Otherwise `os.fork`, `subprocess`,
+`os.system`, `os.exec*`, `posix_spawn` are refused (`status="process_limit"`).
+
+We run as root here, and `RLIMIT_NPROC` never binds a process whose real uid
+is root (not even inside a user namespace mapped to root), so the process cap
+is the pids cgroup (or, for a non-root caller, `RLIMIT_NPROC` in the fresh user
+namespace).
+
+GEM's python tool (axon-rl/gem `gem/tools/python_code_tool.py`) runs code with
+`subprocess.run(["python3", file], timeout=5)` in a shared directory with a
+filtered environment; this package keeps its 5 s default and its cleaned
+environment and adds the limits above.
+
+Modules. Host side (the caller's process):
+
+- `limits`: `SandboxLimits` (what one run may use) and `Isolation` (which layers confine it).
+- `result`: `SandboxResult` and `STATUSES`, what one run reports.
+- `cgroup`: finding a pids cgroup parent, and the per-run `PidsCgroup`.
+- `isolation`: `detect_isolation` (unshare, cgroup, Landlock probes) and checking a request against it.
+- `outcome`: the supervisor's status report and the host's kill reason, turned into a status.
+- `host`: `run_python`, which starts the entry script and collects its output under the limits.
+
+Child side (the sandbox's interpreter; standard library only, never `subprocess`):
+
+- `child`: the entry script, run by path: the pid-1 supervisor and the user program's
+  process (tmpfs, rlimits, stand-ins, then `exec`); defines `SandboxViolation`.
+- `audit`: the audit hook and what it refuses; the readable system paths.
+- `landlock`: Landlock ABI detection (also used by the host) and its ruleset.
+
+Imports go one way: the host side imports the child side's modules (for the entry
+script's path, `READ_ROOTS`, `landlock_abi`), never the reverse; `child` loads `audit`
+and `landlock` by path when it runs, so neither of those imports a sibling.
+"""
+
+from mathrl_jax.envs.sandbox.cgroup import pids_cgroup_parent
+from mathrl_jax.envs.sandbox.child import SandboxImportViolation, SandboxViolation
+from mathrl_jax.envs.sandbox.host import run_python
+from mathrl_jax.envs.sandbox.isolation import detect_isolation
+from mathrl_jax.envs.sandbox.landlock import landlock_abi
+from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
+from mathrl_jax.envs.sandbox.result import STATUSES, SandboxResult
+
+__all__ = [
+    "STATUSES",
+    "Isolation",
+    "SandboxImportViolation",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxViolation",
+    "detect_isolation",
+    "landlock_abi",
+    "pids_cgroup_parent",
+    "run_python",
+]

@@ -1,0 +1,74 @@
+"""What one sandboxed run may use (`SandboxLimits`) and which confinement layers hold it to that (`Isolation`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one sandboxed run.
+
+    Attributes:
+      wall_time_s: wall-clock seconds from start to kill (GEM's python tool: 5).
+      cpu_time_s: CPU seconds of the user program (`RLIMIT_CPU`, whole seconds).
+      memory_bytes: address-space limit of each process (`RLIMIT_AS`).
+      file_size_bytes: largest file the program may write (`RLIMIT_FSIZE`).
+      disk_bytes: size of the working directory (a tmpfs; namespace isolation only).
+      max_processes: processes + threads of the user program, itself included
+        (kernel-enforced with a pids cgroup; without one, 1: creation is refused).
+      max_open_files: `RLIMIT_NOFILE`.
+      max_output_bytes: bytes of stdout and of stderr kept; more kills the run
+        with status "output_limit", so a program printing forever cannot fill memory.
+    """
+
+    wall_time_s: float = 5.0
+    cpu_time_s: int = 5
+    memory_bytes: int = 512 << 20
+    file_size_bytes: int = 16 << 20
+    disk_bytes: int = 64 << 20
+    max_processes: int = 16
+    max_open_files: int = 256
+    max_output_bytes: int = 8192
+
+    def __post_init__(self):
+        if not self.wall_time_s > 0:
+            raise ValueError(f"wall_time_s must be > 0, got {self.wall_time_s!r}")
+        for name in ("cpu_time_s", "memory_bytes", "file_size_bytes", "disk_bytes", "max_processes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.max_open_files, int) or self.max_open_files < 16:
+            raise ValueError(f"max_open_files must be an int >= 16, got {self.max_open_files!r}")
+        if not isinstance(self.max_output_bytes, int) or self.max_output_bytes < 0:
+            raise ValueError(f"max_output_bytes must be an int >= 0, got {self.max_output_bytes!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """Which confinement layers a run uses (see the table in the package docstring).
+
+    Attributes:
+      namespaces: run under `unshare` in fresh user/pid/net/mount/ipc/uts/cgroup namespaces.
+      pids_cgroup: cap processes with a pids cgroup.
+      landlock_abi: Landlock ABI version to apply (0: none).
+    """
+
+    namespaces: bool
+    pids_cgroup: bool
+    landlock_abi: int
+
+    @property
+    def processes_allowed(self) -> bool:
+        """Child processes are allowed only where the kernel confines them without the audit hook."""
+        return self.namespaces and self.pids_cgroup and self.landlock_abi >= 1
+
+    @property
+    def name(self) -> str:
+        """e.g. "namespace+cgroup+landlock7" or "audit"."""
+        parts = ["namespace" if self.namespaces else "audit"]
+        if self.pids_cgroup:
+            parts.append("cgroup")
+        if self.landlock_abi:
+            parts.append(f"landlock{self.landlock_abi}")
+        return "+".join(parts)
