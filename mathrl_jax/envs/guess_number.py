@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from mathrl_jax.envs.base import TERMINAL_STATE, Env, StepResult, check_action, check_seed
-from mathrl_jax.rewards.math_grader import extract_boxed
+from mathrl_jax.rewards.extraction import extract_boxed
 
 SUCCESS_REWARD = 1.0
 INTERNAL_STEP_REWARD = 0.0

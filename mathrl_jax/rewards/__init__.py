@@ -8,13 +8,14 @@ The grader needs no JAX; the PRM names (`ProcessRewardModel`, `PRMConfig`) are
 imported on first use, so grading processes do not load JAX.
 """
 
+import inspect as _inspect
+
+from mathrl_jax.rewards.extraction import extract_answer, extract_boxed
 from mathrl_jax.rewards.math_grader import (
     STATUSES,
     GradeResult,
     MathGrader,
     RewardValues,
-    extract_answer,
-    extract_boxed,
     grade,
     grade_metrics,
     reward_value,
@@ -36,18 +37,10 @@ def __dir__():
     return sorted(list(globals()) + list(_PRM_NAMES))
 
 
-__all__ = [
-    "REWARD_MODES",
-    "STATUSES",
-    "GradeResult",
-    "MathGrader",
-    "PRMConfig",
-    "ProcessRewardModel",
-    "RewardValues",
-    "extract_answer",
-    "extract_boxed",
-    "grade",
-    "grade_metrics",
-    "reward_value",
-    "shutdown_workers",
-]
+# The names imported above (not the submodules), and the PRM's.
+__all__ = sorted(
+    [
+        *_PRM_NAMES,
+        *(name for name, value in dict(globals()).items() if not name.startswith("_") and not _inspect.ismodule(value)),
+    ]
+)

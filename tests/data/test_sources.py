@@ -428,7 +428,7 @@ def test_bad_limits(tmp_path, bad):
 
 def balanced(depth=3):
     """Strings whose braces balance, as in LaTeX answers."""
-    atom = st.text(alphabet="ab12+-\\^_ ", max_size=4)
+    atom = st.text(alphabet="ab12+-\\^_ ", max_size=4).filter(lambda s: not s.endswith("\\"))  # `\{` is no brace
     return st.recursive(atom, lambda inner: st.tuples(inner, inner, inner).map(lambda t: f"{t[0]}{{{t[1]}}}{t[2]}"))
 
 

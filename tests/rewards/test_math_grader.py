@@ -137,6 +137,8 @@ def test_grader_verdicts(gold, response, verdict):
         ("no box here", None),
         ("\\boxed", None),
         ("\\\\boxed{x}", "x"),
+        ("\\boxed{\\left\\{ x \\right.}", "\\left\\{ x \\right."),  # an escaped brace left open
+        ("\\boxed\n{5}", "5"),  # LaTeX skips the whitespace before the argument
     ],
 )
 def test_extract_boxed(text, expected):
