@@ -28,6 +28,8 @@ import tempfile
 import threading
 import time
 
+from mathrl_jax.models.hf_config import load_config
+
 
 def _status(field):
     with open("/proc/self/status") as f:
@@ -69,9 +71,9 @@ def probe(mode, directory):
     import jax
 
     from mathrl_jax import sharding as S
-    from mathrl_jax.models import QwenConfig, hf
+    from mathrl_jax.models import hf
 
-    config = QwenConfig.from_pretrained(directory, param_dtype="bfloat16", dtype="bfloat16")
+    config = load_config(directory, param_dtype="bfloat16", dtype="bfloat16")
     mesh = S.make_mesh({"dp": 1, "fsdp": 8, "tp": 1})
     sharding_fn = S.loader_sharding_fn(mesh, S.qwen_rules(config.num_key_value_heads, 1))
     jax.block_until_ready(jax.numpy.zeros(1))  # runtime start-up outside the measurement

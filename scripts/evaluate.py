@@ -114,8 +114,9 @@ def main(argv=None) -> int:
     from mathrl_jax.models import hf
     from mathrl_jax.rewards.math_grader import MathGrader
     from mathrl_jax.sampling import JaxSampler
+    from mathrl_jax.train.codec import TextCodec
     from mathrl_jax.train.evaluation import evaluate
-    from mathrl_jax.train.loop import TextCodec, TrainingError
+    from mathrl_jax.train.validation import TrainingError
 
     try:
         codec = TextCodec(args.model)

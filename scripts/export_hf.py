@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from flax import nnx, serialization
 
 from mathrl_jax.models import hf
+from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
 
 CHECKPOINTS = "checkpoints"
@@ -85,7 +86,7 @@ def _abstract_state(config: QwenConfig) -> nnx.State:
 def export(params_path: str, like: str, out: str, dtype: str = None, force: bool = False) -> None:
     """Parameter-file mode: `params_path` (msgpack) with the architecture of `like`, written to `out`."""
     overrides = {"param_dtype": dtype} if dtype else {}
-    config = QwenConfig.from_pretrained(like, **overrides)
+    config = load_config(like, **overrides)
     state = _abstract_state(config)
     try:
         nnx.replace_by_pure_dict(state, load_params(params_path))
@@ -301,7 +302,7 @@ def export_run(
     if param_dtype not in DTYPES:
         raise InputError(f"param_dtype {param_dtype!r} in {run_dir}/config.json: expected one of {DTYPES}")
     try:
-        config = QwenConfig.from_pretrained(base, param_dtype=param_dtype)
+        config = load_config(base, param_dtype=param_dtype)
     except (ConfigError, OSError, ValueError) as e:
         raise InputError(f"base model {base!r}: {e}") from None
     check_out(out, force, protected=[run_dir, base])

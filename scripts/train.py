@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.models.hf import CheckpointError
     from mathrl_jax.models.qwen import ConfigError
-    from mathrl_jax.train.loop import TrainingError, train
+    from mathrl_jax.train.loop import train
+    from mathrl_jax.train.validation import TrainingError
 
     try:
         summary = train(config)

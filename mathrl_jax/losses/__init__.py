@@ -8,6 +8,8 @@ Shapes are batch-major (`[B, T]` tokens, `[B]` sequences); see each docstring.
 from mathrl_jax.losses.action_decomposition import (
     action_decomposed_gae,
     action_ends_from_index,
+    action_index_from_separators,
+    action_level_gae,
     action_means,
     action_starts_from_index,
     action_sums,
@@ -22,6 +24,7 @@ from mathrl_jax.losses.advantages import (
     gae_advantages,
     group_relative_advantages,
     group_statistics,
+    last_token_rewards,
     masked_gae_scan,
     masked_standardize,
     masked_whiten,

@@ -25,7 +25,7 @@ single token the three coincide.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import chex
 import jax
@@ -144,18 +144,56 @@ def action_decomposed_gae(
     return masked_gae_scan(token_rewards, values, mask, discounts, lam, bootstrap_value)
 
 
-def naive_token_gae(
-    token_rewards: chex.Array,
-    values: chex.Array,
-    mask: chex.Array,
-    *,
-    gamma: float = 1.0,
-    lam: float = 0.95,
-    bootstrap_value: Optional[chex.Array] = None,
-) -> Tuple[chex.Array, chex.Array]:
+def naive_token_gae(token_rewards: chex.Array, values: chex.Array, mask: chex.Array, **gae_kwargs):
     """NTPO: every token is a step, discounted by gamma (POAD's baseline).
 
-    Identical to `gae_advantages`; named for comparisons with
+    `gae_advantages` itself (same arguments: gamma, lam, bootstrap_value), named for comparisons with
     `action_decomposed_gae`, which it equals when gamma = 1.
     """
-    return gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam, bootstrap_value=bootstrap_value)
+    return gae_advantages(token_rewards, values, mask, **gae_kwargs)
+
+
+def action_index_from_separators(
+    input_ids: jax.Array, response_mask: jax.Array, separator_ids: Sequence[int]
+) -> jax.Array:
+    """`[N, L]` int: the reasoning step of each response token; a separator token ends its step.
+
+    Step k holds the tokens after the k-th separator up to and including the
+    (k+1)-th. With no separator ids each response is one action.
+    """
+    if not separator_ids:
+        return jnp.zeros(input_ids.shape, jnp.int32)
+    is_sep = jnp.isin(input_ids, jnp.asarray(separator_ids)) & (response_mask > 0)
+    ends_before = jnp.cumsum(is_sep, axis=1) - is_sep  # separators strictly before each token
+    return ends_before.astype(jnp.int32)
+
+
+def action_level_gae(
+    token_rewards: jax.Array,
+    values: jax.Array,
+    action_index: jax.Array,
+    response_mask: jax.Array,
+    *,
+    max_actions: int,
+    gamma: float,
+    lam: float,
+):
+    """APPO: GAE over actions (reasoning steps), broadcast back to their tokens.
+
+    An action's value is the critic's value at its first token (the state it was
+    taken in); its reward is the sum of its tokens' rewards. Returns
+    (token advantages, token returns, value mask): the critic is trained on each
+    action's first token only, against that action's return.
+    """
+    mask = response_mask > 0
+    a_idx = jnp.where(mask, jnp.clip(action_index, 0, max_actions - 1), max_actions)  # max_actions = dump slot
+    one_hot = jax.nn.one_hot(a_idx, max_actions + 1, dtype=jnp.float32)[..., :max_actions]  # [N, L, A]
+    action_rewards = jnp.einsum("nl,nla->na", token_rewards, one_hot)
+    starts = mask & (jnp.pad(a_idx[:, :-1], ((0, 0), (1, 0)), constant_values=-1) != a_idx)
+    action_values = jnp.einsum("nl,nla->na", jnp.where(starts, values, 0.0), one_hot)
+    action_mask = (jnp.sum(one_hot, axis=1) > 0).astype(jnp.float32)
+    adv, ret = gae_advantages(action_rewards, action_values, action_mask, gamma=gamma, lam=lam)
+    gather = lambda x: jnp.take_along_axis(x, jnp.clip(a_idx, 0, max_actions - 1), axis=1)  # noqa: E731
+    token_adv = jnp.where(mask, gather(adv), 0.0)
+    token_ret = jnp.where(mask, gather(ret), 0.0)
+    return token_adv, token_ret, starts.astype(jnp.float32)

@@ -361,3 +361,13 @@ def rebn_advantages(
     chex.assert_equal_shape([turn_rewards, turn_mask])
     returns = discounted_returns(turn_rewards, turn_mask, gamma=gamma)
     return batch_normalized_advantages(returns, turn_mask, unbiased=False, eps=eps)
+
+
+def last_token_rewards(scores: jax.Array, response_mask: jax.Array) -> jax.Array:
+    """`[N, L]` with each sequence's score on its last response token (outcome reward)."""
+    mask = response_mask > 0
+    length = mask.shape[1]
+    last = length - 1 - jnp.argmax(jnp.flip(mask, axis=1), axis=1)
+    has_tokens = jnp.any(mask, axis=1)
+    rewards = jax.nn.one_hot(last, length, dtype=jnp.float32) * scores.astype(jnp.float32)[:, None]
+    return jnp.where(has_tokens[:, None], rewards, 0.0)

@@ -8,10 +8,16 @@ are verl's `loss_agg_mode`):
 | `token-mean`                | sum_{b,t} m l / sum_{b,t} m                                | DAPO, verl default |
 | `seq-mean-token-mean`       | mean_b [ sum_t m l / sum_t m ]                             | GRPO paper, GSPO |
 | `seq-mean-token-sum`        | mean_b [ sum_t m l ]                                       | |
-| `seq-mean-token-sum-norm`   | mean_b [ sum_t m l / C ], C a constant (default T)         | Dr. GRPO |
+| `seq-mean-token-sum-norm`   | mean_b [ sum_t m l / C ], C a constant (default T)         | Dr. GRPO, TRL |
 
 "mean_b" runs over sequences with at least one counted token, so padding rows
 (all-zero mask) never change a result.
+
+`seq-mean-token-sum-norm` follows the Dr. GRPO paper and TRL (`loss_type="dr_grpo"`):
+the mean over sequences of each token sum divided by a constant. verl's
+`agg_loss` of the same name sums over the sequences instead of averaging them,
+i.e. it is B times this loss for a batch of B sequences (the gradient direction
+is the same; its scale grows with the batch).
 
 Every mode is `numerator / denominator` where the denominator depends only on
 the mask. `loss_denominator` computes it for a whole minibatch; passing that

@@ -16,6 +16,7 @@ from mathrl_jax.losses import action_decomposition, advantages, kl, policy, valu
 
 POLICY_LOSSES: Dict[str, Callable] = {
     "ppo": policy.ppo_clip_loss,
+    "action_ppo": policy.action_ppo_loss,
     "decoupled_ppo": policy.decoupled_ppo_loss,
     "gspo": policy.gspo_loss,
     "reinforce": policy.reinforce_loss,

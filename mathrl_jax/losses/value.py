@@ -105,9 +105,9 @@ def clipped_value_loss(
 
 
 def explained_variance(values: chex.Array, returns: chex.Array, mask: chex.Array) -> chex.Array:
-    """1 - Var[R - V] / Var[R] over the masked entries (1 is perfect, <= 0 is useless)."""
+    """1 - Var[R - V] / Var[R] over the masked entries (1 is perfect, <= 0 is useless; 0 when none counts)."""
     values = jax.lax.stop_gradient(jnp.asarray(values, jnp.float32))
     returns = jnp.asarray(returns, jnp.float32)
     var_returns = masked_var(returns, mask, unbiased=False)
     var_residual = masked_var(returns - values, mask, unbiased=False)
-    return 1.0 - var_residual / (var_returns + 1e-8)
+    return jnp.where(jnp.sum(mask) > 0, 1.0 - var_residual / (var_returns + 1e-8), 0.0)

@@ -6,6 +6,7 @@ logits, _ = model(input_ids, attention_mask=mask)
 """
 
 from mathrl_jax.models.hf import CheckpointError, export_checkpoint, load_model, load_state, parameter_table
+from mathrl_jax.models.hf_config import config_from_dict, config_to_dict, load_config
 from mathrl_jax.models.qwen import (
     ConfigError,
     KVCache,

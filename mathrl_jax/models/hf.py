@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
 
 Path = Tuple[str, ...]
@@ -229,7 +230,7 @@ def load_state(
 
     Args:
       directory: a local HF checkpoint directory.
-      config: the architecture (usually `QwenConfig.from_pretrained(directory)`);
+      config: the architecture (usually `load_config(directory)`);
         its `param_dtype` is the dtype of the loaded parameters.
       sharding_fn: optional `(nnx_path, shape) -> Sharding`. Each device then
         reads only its own slice of each tensor from the memory map.
@@ -263,7 +264,7 @@ def load_model(directory: str, sharding_fn: Optional[ShardingFn] = None, **confi
     `config_overrides` set run-time fields such as `param_dtype="bfloat16"`,
     `dtype="bfloat16"` or `remat=True`.
     """
-    config = QwenConfig.from_pretrained(directory, **config_overrides)
+    config = load_config(directory, **config_overrides)
     return nnx.merge(*_load_split(directory, config, sharding_fn))
 
 
@@ -383,7 +384,7 @@ def export_checkpoint(
     """
     write_checkpoint(
         hf_tensors(state, parameter_table(config)),
-        config.to_hf_dict(),
+        config_to_dict(config),
         directory,
         config.jnp_param_dtype,
         tokenizer_dir,

@@ -19,9 +19,7 @@ sequences. Training code uses the pure `(graphdef, state)` split of
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import chex
 import jax
@@ -31,8 +29,6 @@ from flax import nnx
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-# Other heads on the same trunk (critics are saved as token classifiers).
-_TRUNK_OF = {"Qwen2ForTokenClassification": "Qwen2ForCausalLM", "Qwen3ForTokenClassification": "Qwen3ForCausalLM"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -42,7 +38,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class QwenConfig:
-    """Architecture (from a Hugging Face `config.json`) plus run-time numerics."""
+    """Architecture (from a Hugging Face `config.json`, read and written by `models/hf.py`) plus run-time numerics."""
 
     vocab_size: int
     hidden_size: int
@@ -87,103 +83,6 @@ class QwenConfig:
     @property
     def jnp_param_dtype(self):
         return _DTYPES[self.param_dtype]
-
-    @classmethod
-    def from_hf_dict(cls, hf: Dict[str, Any], **overrides) -> "QwenConfig":
-        """Reads a `config.json` dict (transformers 4 or 5 layout); unsupported features raise."""
-        architectures = hf.get("architectures") or []
-        if architectures:
-            architecture = _TRUNK_OF.get(architectures[0], architectures[0])
-        else:
-            by_type = {v: k for k, v in ARCHITECTURES.items()}
-            architecture = by_type.get(hf.get("model_type"), hf.get("model_type"))
-        if architecture not in ARCHITECTURES:
-            raise ConfigError(
-                f"architectures={architectures or hf.get('model_type')!r} is not supported; "
-                f"expected one of {sorted(ARCHITECTURES)}"
-            )
-        family = ARCHITECTURES[architecture]
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act={hf['hidden_act']!r} is not supported; expected 'silu'")
-        if hf.get("use_sliding_window", False):
-            raise ConfigError("use_sliding_window=True is not supported (Qwen2.5 checkpoints use full attention)")
-        rope = hf.get("rope_parameters") or {}
-        rope_scaling = hf.get("rope_scaling")
-        rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type")) or rope.get(
-            "rope_type", "default"
-        )
-        if rope_type != "default":
-            raise ConfigError(f"rope_scaling / rope_type={rope_type!r} is not supported; expected 'default'")
-        rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-        try:
-            heads = hf["num_attention_heads"]
-            fields = dict(
-                vocab_size=hf["vocab_size"],
-                hidden_size=hf["hidden_size"],
-                intermediate_size=hf["intermediate_size"],
-                num_hidden_layers=hf["num_hidden_layers"],
-                num_attention_heads=heads,
-                num_key_value_heads=hf.get("num_key_value_heads") or heads,
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            )
-        except KeyError as missing:
-            raise ConfigError(f"config.json has no field {missing.args[0]!r}") from None
-        fields.update(
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
-            max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            architecture=architecture,
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=hf.get("eos_token_id"),
-            pad_token_id=hf.get("pad_token_id"),
-        )
-        fields.update(overrides)
-        return cls(**fields)
-
-    @classmethod
-    def from_pretrained(cls, directory: str, **overrides) -> "QwenConfig":
-        path = os.path.join(directory, "config.json")
-        if not os.path.isfile(path):
-            raise ConfigError(f"no config.json in checkpoint directory {directory!r}")
-        with open(path) as f:
-            try:
-                hf = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_hf_dict(hf, **overrides)
-
-    def to_hf_dict(self) -> Dict[str, Any]:
-        """The `config.json` of this architecture (transformers 4 field names, read by 4 and 5)."""
-        family = ARCHITECTURES[self.architecture]
-        hf = dict(
-            architectures=[self.architecture],
-            model_type=family,
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            hidden_act="silu",
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            rope_scaling=None,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=self.tie_word_embeddings,
-            use_sliding_window=False,
-            attention_dropout=0.0,
-            torch_dtype=self.param_dtype,
-            bos_token_id=self.bos_token_id,
-            eos_token_id=self.eos_token_id,
-            pad_token_id=self.pad_token_id,
-        )
-        if family == "qwen3":
-            hf["attention_bias"] = self.attention_bias
-        return hf
 
 
 # ---------------------------------------------------------------------------

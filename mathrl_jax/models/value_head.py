@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mathrl_jax.models import hf
+from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import (
     QwenConfig,
     QwenForCausalLM,
@@ -75,7 +76,7 @@ def load_critic(
     token-classification checkpoint written by `export_critic` the head is
     loaded too.
     """
-    config = QwenConfig.from_pretrained(directory, **config_overrides)
+    config = load_config(directory, **config_overrides)
     table = critic_table(config)
     has_head = "score.weight" in hf.checkpoint_tensors(directory)
     if not has_head:
@@ -98,7 +99,7 @@ def export_critic(critic: QwenCritic, directory: str, tokenizer_dir: Optional[st
     """Writes the critic as a HF `Qwen{2,3}ForTokenClassification` checkpoint with one label."""
     config = critic.config
     tensors = hf.hf_tensors(nnx.state(critic), critic_table(config))
-    hf_config = config.to_hf_dict()
+    hf_config = config_to_dict(config)
     hf_config["architectures"] = [config.architecture.replace("ForCausalLM", "ForTokenClassification")]
     hf_config["num_labels"] = 1
     hf.write_checkpoint(tensors, hf_config, directory, config.jnp_param_dtype, tokenizer_dir)

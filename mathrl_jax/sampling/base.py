@@ -8,7 +8,7 @@ Sample `j` of prompt `i` is row `i * n + j` of a `Rollouts` (vLLM's order).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class Rollouts:
         return np.array([len(c) for c in self.completion_ids], np.int32)
 
     def to_batch(self, pad_id: int, max_length: Optional[int] = None) -> Dict[str, np.ndarray]:
-        """Padded arrays for the trainer: prompts left-padded, completions right-padded.
+        """Padded arrays for the trainer: prompts left-padded, completions right-padded (`pad_prompt_completion`).
 
         Row layout: `[pad ... prompt | completion ... pad]`, prompts ending at the
         same column `P` so that completion token `t` sits at column `P + t`.
@@ -130,36 +130,79 @@ class Rollouts:
           Shift by one for next-token prediction: the log-prob of the token at
           column c comes from the logits at column c - 1.
         """
-        prompt_len = max(len(p) for p in self.prompt_ids)
-        completion_len = max([len(c) for c in self.completion_ids] + [1])
-        length = prompt_len + completion_len
-        if max_length is not None:
-            if max_length < length:
-                raise ValueError(f"to_batch(max_length={max_length}): the rollouts need {length} columns")
-            length = max_length
-        n = len(self)
-        input_ids = np.full((n, length), pad_id, np.int32)
-        attention_mask = np.zeros((n, length), np.int32)
-        response_mask = np.zeros((n, length), np.float32)
-        old_logprobs = np.zeros((n, length), np.float32)
-        sampler_logprobs = np.zeros((n, length), np.float32)
-        for i, (prompt, completion) in enumerate(zip(self.prompt_ids, self.completion_ids)):
-            start = prompt_len - len(prompt)
-            end = prompt_len + len(completion)
-            input_ids[i, start:prompt_len] = prompt
-            input_ids[i, prompt_len:end] = completion
-            attention_mask[i, start:end] = 1
-            response_mask[i, prompt_len:end] = 1.0
-            old_logprobs[i, prompt_len:end] = self.policy_logprobs[i]
-            sampler_logprobs[i, prompt_len:end] = self.logprobs[i]
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "response_mask": response_mask,
-            "old_logprobs": old_logprobs,
-            "sampler_logprobs": sampler_logprobs,
-            "prompt_length": np.int32(prompt_len),
-        }
+        return pad_prompt_completion(
+            self.prompt_ids,
+            self.completion_ids,
+            pad_id,
+            max_length=max_length,
+            completion_values={"old_logprobs": self.policy_logprobs, "sampler_logprobs": self.logprobs},
+            caller="to_batch",
+        )
+
+
+def pad_prompt_completion(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    *,
+    prompt_length: Optional[int] = None,
+    max_length: Optional[int] = None,
+    completion_values: Optional[Mapping[str, Sequence[Any]]] = None,
+    caller: str = "pad_prompt_completion",
+) -> Dict[str, np.ndarray]:
+    """The trainer's row layout of (prompt, completion) pairs: `[pad ... prompt | completion ... pad]`.
+
+    Every prompt ends at column `P` (`prompt_length`, default the longest prompt),
+    so completion token `t` of every row sits at column `P + t`; the width is
+    `max_length` (default `P` + the longest completion, at least `P + 1`). Used by
+    `Rollouts.to_batch` and by the supervised warm-start's batches (`train.sft.sft_batch`).
+
+    Args:
+      prompt_ids, completion_ids: N token-id sequences each.
+      pad_id: the id that fills padding (its masks are 0).
+      prompt_length: the common prompt column `P` (>= the longest prompt).
+      max_length: the row width `L` (>= the columns the rows need).
+      completion_values: name -> N per-token value sequences (one per completion token),
+        each returned as a `[N, L]` float32 array holding them at the completion's columns, 0 elsewhere.
+      caller: the name error messages start with.
+
+    Returns:
+      input_ids `[N, L]` int32, attention_mask `[N, L]` int32 (1 on prompt and
+      completion tokens), response_mask `[N, L]` float32 (1 on completion tokens),
+      the `completion_values` arrays, prompt_length `P` (an int32 scalar).
+    """
+    values = dict(completion_values or {})
+    longest_prompt = max(len(p) for p in prompt_ids)
+    if prompt_length is None:
+        prompt_length = longest_prompt
+    elif prompt_length < longest_prompt:
+        raise ValueError(f"{caller}(prompt_length={prompt_length}): the longest prompt has {longest_prompt} tokens")
+    length = prompt_length + max([len(c) for c in completion_ids] + [1])
+    if max_length is not None:
+        if max_length < length:
+            raise ValueError(f"{caller}(max_length={max_length}): the rows need {length} columns")
+        length = max_length
+    n = len(completion_ids)
+    input_ids = np.full((n, length), pad_id, np.int32)
+    attention_mask = np.zeros((n, length), np.int32)
+    response_mask = np.zeros((n, length), np.float32)
+    arrays = {name: np.zeros((n, length), np.float32) for name in values}
+    for i, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+        start = prompt_length - len(prompt)
+        end = prompt_length + len(completion)
+        input_ids[i, start:prompt_length] = prompt
+        input_ids[i, prompt_length:end] = completion
+        attention_mask[i, start:end] = 1
+        response_mask[i, prompt_length:end] = 1.0
+        for name, per_row in values.items():
+            arrays[name][i, prompt_length:end] = per_row[i]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        **arrays,
+        "prompt_length": np.int32(prompt_length),
+    }
 
 
 class Sampler(Protocol):

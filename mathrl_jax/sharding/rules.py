@@ -32,7 +32,6 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -67,22 +66,14 @@ def qwen_rules(num_key_value_heads: Optional[int] = None, tp: int = 1) -> Rules:
 
 
 def path_string(path: Sequence[Any]) -> str:
-    """`model/layers/0/self_attn/q_proj/kernel` for a jax tree path (NNX's trailing `.value` dropped)."""
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(key.name)
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(key.key))
-        else:
-            parts.append(str(key))
-    if parts and parts[-1] == "value":
-        parts.pop()
-    return "/".join(parts)
+    """`model/layers/0/self_attn/q_proj/kernel` for a jax tree path (NNX's trailing `.value` dropped).
+
+    The one key-path naming of the project: partition rules match it, and `train.checkpoint` names
+    the leaves of a checkpoint (in its messages and `saved_shapes`) with it.
+    """
+    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
+        path = path[:-1]  # an nnx.Variable flattens to its `.value`; a dict key "value" is kept
+    return jax.tree_util.keystr(tuple(path), simple=True, separator="/")
 
 
 def spec_for(path: str, shape: Tuple[int, ...], rules: Rules, mesh: Optional[jax.sharding.Mesh] = None) -> P:
@@ -165,10 +156,6 @@ def constrain_batch(x: chex.Array) -> chex.Array:
 def constrain_heads(x: chex.Array) -> chex.Array:
     """Per-head activations `[B, T, H, d]`: batch over ("dp", "fsdp"), heads over "tp"."""
     return constrain(x, P(("dp", "fsdp"), None, "tp", None))
-
-
-def param_bytes(tree: Any) -> int:
-    return sum(int(np.prod(np.shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 def loader_sharding_fn(mesh: jax.sharding.Mesh, rules: Rules) -> Callable[[Tuple, Tuple[int, ...]], NamedSharding]:

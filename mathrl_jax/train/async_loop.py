@@ -38,7 +38,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train.loop import Collected, Run, collect, prm_action_rewards
+from mathrl_jax.train.collect import Collected, collect, prm_action_rewards
+from mathrl_jax.train.run import Run
 
 
 class AsyncRollouts:

@@ -26,11 +26,17 @@ Guarantees:
 - Sharded: each process writes its own shards; `restore` places every array with
   the target's sharding, which may be another mesh shape than the one saved.
 
-The state is stored by key path ("params/layers/0/kernel"): a pytree of dicts,
-lists, tuples, NamedTuples (optax states), dataclasses or flax `nnx.State`. The
-trailing `.value` of NNX Variables is dropped, so a state saved from `nnx.State`
-restores into `nnx.to_pure_dict(state)` and back. Typed PRNG key arrays are
-refused: store `jax.random.key_data(key)` (and rewrap with `jax.random.wrap_key_data`).
+The state is a pytree of dicts, lists, tuples, NamedTuples (optax states), registered
+dataclasses or flax `nnx.State`. Orbax saves it as it is and restores it into the
+structure of the restore target (`ocp.args.StandardRestore` of the target's abstract
+leaves), so the target may hold a mapping, NamedTuple or dataclass where a mapping,
+NamedTuple or dataclass of the same keys was saved. Where the saved tree has a dict for a
+list or tuple of the target (checkpoints of the previous layout: every container a dict, list
+and tuple entries keyed "0", "1", ...), `restore` matches the leaves by key instead.
+Leaves are named by key path ("params/layers/0/kernel", `sharding.path_string`). NNX
+Variables are stored as their values, so a state saved from `nnx.State` restores into
+`nnx.to_pure_dict(state)` and back. Typed PRNG key arrays are refused: store
+`jax.random.key_data(key)` (and rewrap with `jax.random.wrap_key_data`).
 
 Checkpoint layout and atomicity as Orbax (`orbax.checkpoint.CheckpointManager`,
 `orbax/checkpoint/_src/path/atomicity.py`).
@@ -41,12 +47,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
+
+from mathrl_jax.sharding.rules import path_string
 
 if TYPE_CHECKING:
     from typing import Self  # Python >= 3.11; annotations only
@@ -54,7 +63,6 @@ if TYPE_CHECKING:
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 
-_Path = tuple[str, ...]
 _log = logging.getLogger(__name__)
 
 
@@ -63,91 +71,39 @@ class CheckpointError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------
-# Key paths
+# Leaves (the tree itself is Orbax's: it saves any pytree and restores into the target's structure)
 # --------------------------------------------------------------------------------------------
 
 
-def _key_name(entry: Any) -> str:
-    if isinstance(entry, jax.tree_util.DictKey):
-        return str(entry.key)
-    if isinstance(entry, jax.tree_util.SequenceKey):
-        return str(entry.idx)
-    if isinstance(entry, jax.tree_util.GetAttrKey):
-        return entry.name
-    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
-        return str(entry.key)
-    return str(entry)
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
-def _leaf_path(path: tuple[Any, ...]) -> _Path:
-    names = tuple(_key_name(entry) for entry in path)
-    # nnx.Variable flattens to one leaf, `.value`: drop it so that nnx.State and its pure dict agree.
-    if len(path) > 1 and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
-        names = names[:-1]
-    return names
+def _map_leaves(tree: Any, what: str, fn: Callable[[str, Any], Any]) -> tuple[Any, dict[str, Any]]:
+    """Unwraps the NNX Variables of `tree`, names its leaves and maps `fn(key, leaf)` over them.
 
-
-def key_string(path: _Path) -> str:
-    """The key path ("params", "layers", "0", "kernel") as "params/layers/0/kernel"."""
-    return "/".join(path)
-
-
-def _flatten(tree: Any, what: str) -> tuple[list[_Path], list[Any], Any]:
-    """(key paths, leaves, treedef) of `tree`; refuses paths that collide once turned into strings."""
+    Returns (the mapped tree, {key: mapped leaf}). Refuses a tree without leaves or a bare leaf (Orbax's
+    StandardSave refuses both, without naming the directory or step), and keys that collide once joined
+    with "/" (our names) or "." (Orbax's names of the stored arrays: it silently stores one over the other).
+    """
+    # A Variable flattens to `.value`; unwrapped, an nnx.State is stored under the keys of its pure dict.
+    tree = jax.tree.map(lambda x: x.get_value() if _is_variable(x) else x, tree, is_leaf=_is_variable)
     with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not with_path:
         raise CheckpointError(f"the {what} has no leaves (got {type(tree).__name__}); nothing to checkpoint")
-    paths = [_leaf_path(p) for p, _ in with_path]
-    if paths[0] == ():
+    if with_path[0][0] == ():
         raise CheckpointError(
             f"the {what} is a single {type(tree).__name__}; wrap it in a container, e.g. {{'params': x}}"
         )
-    # Orbax names each array by its keys joined with "."; "/" joins them in our messages.
-    for sep in ("/", "."):
+    names = [path_string(path) for path, _ in with_path]
+    for joined in (names, [name.replace("/", ".") for name in names]):
         seen: set[str] = set()
-        for path in paths:
-            name = sep.join(path)
+        for name in joined:
             if name in seen:
                 raise CheckpointError(f"two leaves of the {what} have the same key {name!r}; rename one")
             seen.add(name)
-    leaf_set = set(paths)
-    for path in paths:
-        for i in range(1, len(path)):
-            if path[:i] in leaf_set:
-                raise CheckpointError(
-                    f"key {key_string(path[:i])!r} of the {what} is both a leaf and a container "
-                    f"(of {key_string(path)!r}); rename one"
-                )
-    return paths, [leaf for _, leaf in with_path], treedef
-
-
-def _nest(paths: list[_Path], leaves: list[Any]) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    for path, leaf in zip(paths, leaves):
-        node = root
-        for name in path[:-1]:
-            node = node.setdefault(name, {})
-        node[path[-1]] = leaf
-    return root
-
-
-def _flatten_saved(tree: Any, prefix: _Path = ()) -> dict[_Path, Any]:
-    """{key path: leaf metadata} of the tree Orbax reports for a saved item."""
-    if isinstance(tree, Mapping):
-        items = [(str(k), v) for k, v in tree.items()]
-    elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-        items = [(str(i), v) for i, v in enumerate(tree)]
-    else:
-        return {} if tree is None else {prefix: tree}
-    flat: dict[_Path, Any] = {}
-    for name, value in items:
-        flat.update(_flatten_saved(value, prefix + (name,)))
-    return flat
-
-
-# --------------------------------------------------------------------------------------------
-# Leaves
-# --------------------------------------------------------------------------------------------
+    leaves = [fn(name, leaf) for name, (_, leaf) in zip(names, with_path)]
+    return jax.tree_util.tree_unflatten(treedef, leaves), dict(zip(names, leaves))
 
 
 def _is_typed_key(leaf: Any) -> bool:
@@ -155,21 +111,16 @@ def _is_typed_key(leaf: Any) -> bool:
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def _savable(path: _Path, leaf: Any, copy_numpy: bool) -> Any:
-    name = key_string(path)
+def _savable(name: str, leaf: Any) -> Any:
     if _is_typed_key(leaf):
         raise CheckpointError(
             f"state leaf {name!r} is a typed PRNG key array ({leaf.dtype}); store its raw data "
             f"jax.random.key_data(key) (uint32) instead, and rewrap with jax.random.wrap_key_data"
         )
-    if isinstance(leaf, jax.Array):
-        return leaf
-    if isinstance(leaf, (np.ndarray, np.generic)):
-        if leaf.dtype.kind in "OUSV":
-            raise CheckpointError(f"state leaf {name!r} has dtype {leaf.dtype}; only numeric arrays are saved")
-        # A copy, so that the background write never sees a later in-place change of a NumPy buffer.
-        return np.array(leaf, copy=True) if copy_numpy or isinstance(leaf, np.generic) else leaf
-    if isinstance(leaf, (bool, int, float)):
+    if isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype.kind in "OUSV":
+        raise CheckpointError(f"state leaf {name!r} has dtype {leaf.dtype}; only numeric arrays are saved")
+    # NumPy leaves need no copy here: Orbax deep-copies host arrays before `save` returns.
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float)):
         return leaf
     raise CheckpointError(
         f"state leaf {name!r} is a {type(leaf).__name__}; a state holds jax/NumPy arrays and Python "
@@ -177,21 +128,18 @@ def _savable(path: _Path, leaf: Any, copy_numpy: bool) -> Any:
     )
 
 
-def _restore_target(path: _Path, leaf: Any) -> Any:
-    """What Orbax is asked to restore for one target leaf."""
-    name = key_string(path)
+def _abstract(name: str, leaf: Any) -> Any:
+    """The abstract leaf Orbax restores for one target leaf."""
     if _is_typed_key(leaf):
         raise CheckpointError(
             f"target leaf {name!r} is a typed PRNG key array ({leaf.dtype}); checkpoints hold raw key data, "
             f"use jax.random.key_data(key) in the target"
         )
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return leaf
     if isinstance(leaf, jax.Array):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
     if isinstance(leaf, (np.ndarray, np.generic)):
-        return np.zeros(np.shape(leaf), leaf.dtype)
-    if isinstance(leaf, (bool, int, float)):
+        return np.asarray(leaf)  # Orbax takes no NumPy scalars: a 0-d array (see `_from_disk`)
+    if isinstance(leaf, (jax.ShapeDtypeStruct, bool, int, float)):
         return leaf
     raise CheckpointError(
         f"target leaf {name!r} is a {type(leaf).__name__}; expected a jax.Array, jax.ShapeDtypeStruct, "
@@ -199,19 +147,17 @@ def _restore_target(path: _Path, leaf: Any) -> Any:
     )
 
 
-def _as_target_type(target: Any, value: Any) -> Any:
-    """The restored `value` in the type and dtype of the target leaf."""
-    if isinstance(target, (jax.ShapeDtypeStruct, jax.Array)):
-        return value if value.dtype == target.dtype else value.astype(target.dtype)
+def _from_disk(target: Any, value: Any) -> Any:
+    """A restored value in the type of its target leaf: NNX Variables rewrapped, NumPy scalars.
+
+    Orbax itself casts arrays and Python scalars to the target's dtype or type; NumPy scalars it
+    restores as the 0-d arrays they were asked as (see `_abstract`).
+    """
+    if _is_variable(target):
+        return target.replace(value=value)
     if isinstance(target, np.generic):
         return np.asarray(value, dtype=target.dtype)[()]
-    if isinstance(target, np.ndarray):
-        return np.asarray(value, dtype=target.dtype)
-    if isinstance(target, bool):
-        return bool(np.asarray(value))
-    if isinstance(target, int):
-        return int(np.asarray(value))
-    return float(np.asarray(value))
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,9 +167,7 @@ def _as_target_type(target: Any, value: Any) -> Any:
 
 def _non_json(value: Any, where: str) -> str | None:
     """Where in `value` something is not a JSON value (None when all of it is)."""
-    if value is None or isinstance(value, (bool, str)):
-        return None
-    if isinstance(value, (int, float)):
+    if value is None or isinstance(value, (bool, str, int, float)):
         return None
     if isinstance(value, Mapping):
         for key, item in value.items():
@@ -234,17 +178,8 @@ def _non_json(value: Any, where: str) -> str | None:
                 return found
         return None
     if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            found = _non_json(item, f"{where}[{i}]")
-            if found:
-                return found
-        return None
+        return next((f for i, x in enumerate(value) if (f := _non_json(x, f"{where}[{i}]"))), None)
     return f"{where} is a {type(value).__name__} ({value!r:.60}); use int, float, str, bool, None, list or dict"
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpointer
-# --------------------------------------------------------------------------------------------
 
 
 class Checkpointer:
@@ -347,8 +282,7 @@ class Checkpointer:
         problem = _non_json(metadata, "metadata")
         if problem:
             raise CheckpointError(f"cannot save step {step} in {self.directory}: {problem}")
-        paths, leaves, _ = _flatten(state, "state")
-        leaves = [_savable(p, leaf, copy_numpy=self.async_save) for p, leaf in zip(paths, leaves)]
+        state, _ = _map_leaves(state, "state", _savable)
         steps = self.all_steps()
         if step in steps:
             _log.info("checkpoint step %d already exists in %s; not saved again", step, self.directory)
@@ -360,7 +294,7 @@ class Checkpointer:
             )
         args = ocp.args.Composite(
             **{
-                STATE_ITEM: ocp.args.StandardSave(_nest(paths, leaves)),
+                STATE_ITEM: ocp.args.StandardSave(state),
                 METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
             }
         )
@@ -386,9 +320,10 @@ class Checkpointer:
     def saved_shapes(self, step: int | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """{key: (shape, dtype)} of the state saved at `step` (default: the latest), read from its metadata."""
         step = self._resolve_step(step)
-        return {key_string(p): (tuple(m.shape), np.dtype(m.dtype)) for p, m in self._saved_leaves(step).items()}
+        return {name: (tuple(m.shape), np.dtype(m.dtype)) for name, m in _named(self._saved_tree(step)).items()}
 
-    def _saved_leaves(self, step: int) -> dict[_Path, Any]:
+    def _saved_tree(self, step: int) -> Any:
+        """The tree of Orbax's array or scalar metadata of the state saved at `step` (lists for tuples)."""
         where = os.path.join(self.directory, str(step))
         try:
             tree = self._manager.metadata(step).item_metadata[STATE_ITEM]
@@ -397,7 +332,7 @@ class Checkpointer:
         tree = getattr(tree, "tree", tree)
         if tree is None:
             raise CheckpointError(f"checkpoint {where} has no '{STATE_ITEM}' item; it was not written by Checkpointer")
-        return _flatten_saved(tree)
+        return tree
 
     def read_metadata(self, step: int | None = None) -> dict[str, Any]:
         """The JSON metadata saved with `step` (default: the latest), without reading the arrays."""
@@ -434,28 +369,25 @@ class Checkpointer:
         self._check_open()
         step = self._resolve_step(step)
         where = os.path.join(self.directory, str(step))
-        paths, leaves, treedef = _flatten(target, "restore target")
-        abstract = [_restore_target(p, leaf) for p, leaf in zip(paths, leaves)]
-        saved = self._saved_leaves(step)
-        _check_matches(where, paths, abstract, saved)
-        args = ocp.args.Composite(
-            **{
-                STATE_ITEM: ocp.args.StandardRestore(_nest(paths, abstract)),
-                METADATA_ITEM: ocp.args.JsonRestore(),
-            }
-        )
+        abstract, wanted = _map_leaves(target, "restore target", _abstract)
+        saved = self._saved_tree(step)
+        _check_matches(where, wanted, _named(saved))
+        # Checkpoints of the previous layout (before the state was saved as it is) hold every container as a
+        # dict, lists and tuples keyed "0", "1", ...; Orbax restores no list from a dict. Those are restored in
+        # the saved structure, with the target's abstract leaves by key, and put back into the target's by key.
+        by_key = _sequences(saved) != _sequences(abstract)
+        item = jax.tree_util.tree_map_with_path(lambda p, _: wanted[path_string(p)], saved) if by_key else abstract
+        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(item), METADATA_ITEM: ocp.args.JsonRestore()})
         try:
             restored = self._manager.restore(step, args=args)
         except Exception as e:  # re-raised with the directory and step named
             raise CheckpointError(f"cannot restore checkpoint {where}: {e}") from e
-        tree = restored[STATE_ITEM]
-        values = []
-        for path, leaf in zip(paths, leaves):
-            node = tree
-            for name in path:
-                node = node[name]
-            values.append(_as_target_type(leaf, node))
-        return jax.tree_util.tree_unflatten(treedef, values), dict(restored[METADATA_ITEM] or {})
+        values = restored[STATE_ITEM]
+        if by_key:
+            values = _named(values)
+            values = jax.tree.unflatten(jax.tree.structure(abstract), [values[name] for name in wanted])
+        state = jax.tree.map(_from_disk, target, values, is_leaf=_is_variable)
+        return state, dict(restored[METADATA_ITEM] or {})
 
     # ---- life cycle ----
 
@@ -492,27 +424,44 @@ def _check_step(step: Any) -> int:
     return int(step)
 
 
-def _check_matches(where: str, paths: list[_Path], abstract: list[Any], saved: dict[_Path, Any]) -> None:
-    """Raises a CheckpointError naming the keys of the target that the checkpoint at `where` lacks, and so on."""
-    wanted = set(paths)
-    missing = sorted(key_string(p) for p in paths if p not in saved)
-    extra = sorted(key_string(p) for p in saved if p not in wanted)
-    shapes = []
-    for path, leaf in zip(paths, abstract):
-        if path in saved:
-            saved_shape = tuple(getattr(saved[path], "shape", ()) or ())
-            if tuple(np.shape(leaf)) != saved_shape:
-                shapes.append(f"{key_string(path)}: saved {saved_shape}, target {tuple(np.shape(leaf))}")
-    if not (missing or extra or shapes):
-        return
-    parts = []
-    if missing:
-        parts.append(f"keys of the target not in the checkpoint: {_short(missing)}")
-    if extra:
-        parts.append(f"keys in the checkpoint not in the target: {_short(extra)}")
-    if shapes:
-        parts.append(f"shapes differ: {_short(shapes)}")
-    raise CheckpointError(f"checkpoint {where} does not match the restore target; " + "; ".join(parts))
+def _named(tree: Any) -> dict[str, Any]:
+    """{key: leaf} of `tree`, keys as `path_string`."""
+    return {path_string(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _sequences(tree: Any) -> set[str]:
+    """The keys of the lists and tuples (not NamedTuples: keyed by field) in `tree` that hold leaves."""
+    return {
+        path_string(path[:i])
+        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+        for i, key in enumerate(path)
+        if isinstance(key, jax.tree_util.SequenceKey)
+    }
+
+
+def _check_matches(where: str, wanted: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Raises a CheckpointError naming the keys of the target that the checkpoint at `where` lacks, and so on.
+
+    Orbax checks this too, but its messages name neither the step nor which side lacks a key.
+    """
+    missing = sorted(name for name in wanted if name not in saved)
+    extra = sorted(name for name in saved if name not in wanted)
+    shapes = [
+        f"{name}: saved {tuple(saved[name].shape or ())}, target {tuple(np.shape(leaf))}"
+        for name, leaf in wanted.items()
+        if name in saved and tuple(np.shape(leaf)) != tuple(saved[name].shape or ())
+    ]
+    parts = [
+        f"{what}: {_short(names)}"
+        for what, names in [
+            ("keys of the target not in the checkpoint", missing),
+            ("keys in the checkpoint not in the target", extra),
+            ("shapes differ", shapes),
+        ]
+        if names
+    ]
+    if parts:
+        raise CheckpointError(f"checkpoint {where} does not match the restore target; " + "; ".join(parts))
 
 
 def _short(names: list[str], limit: int = 8) -> str:

@@ -8,11 +8,18 @@ main process only (`mathrl_jax.sharding.distributed.is_main_process`):
 - `<logdir>/metrics.jsonl`: one JSON object per `log` call,
   `{"step": 12, "time": <unix seconds>, "rollout/accuracy": 0.5, ...}`. Integers stay
   integers; a NaN or +-inf is written as `null` (strict JSON, which any reader
-  parses). A resumed run appends to the same file, so a step may appear twice:
-  the later line is the newer value.
+  parses). A logger opened with `resumed_from=k` (the training loop passes the
+  iteration of the checkpoint it restored, 0 when it starts from scratch) first
+  drops the records of steps after k, which the run logs again, so the file reads
+  as one uninterrupted run; without it, records are appended, and a step logged
+  twice reads as its later line.
 
-Metric names are free strings; `METRIC_NAMES` lists the standard ones, named as
-in the reference systems (verl, OpenR, AReaL) so that their users find them.
+Metric names are free strings; `METRIC_NAMES` lists every name the training loop
+logs (`mathrl_jax.train.loop`), named as in the reference systems (verl, OpenR,
+AReaL) where they have one. A name with a `{k}` stands for a family
+(`eval/pass@{k}`: `eval/pass@1`, `eval/pass@8`, ...); `documented_name` maps a
+logged name to its entry. A custom `reward_fn`'s own `rollout/...` metrics are
+logged too, under its names.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 import warnings
@@ -39,50 +47,102 @@ JSONL_NAME = "metrics.jsonl"
 RESERVED_KEYS = ("step", "time")
 
 METRIC_NAMES: dict[str, str] = {
-    # rollout: the batch of sampled responses
-    "rollout/rewards": "mean reward a response earned (verifier score plus PRM step scores), over real rows",
-    "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
-    "rollout/rewards_std": "standard deviation of the sequence rewards",
-    "rollout/accuracy": "fraction of responses the verifier grades correct",
+    # rollout: the batch of sampled responses (real rows only: not a multi-turn batch's padding)
+    "rollout/rewards": "mean reward a response earned (verifier score plus PRM step scores)",
+    "rollout/accuracy": (
+        "fraction of responses the verifier grades correct (multi-turn: of episodes won; NaN if a custom reward_fn "
+        "does not report `reward/accuracy`)"
+    ),
     "rollout/response_length": "mean response length, in tokens",
-    "rollout/response_length_max": "longest response, in tokens",
-    "rollout/prompt_length": "mean prompt length, in tokens",
-    "rollout/truncated_fraction": "fraction of responses cut at the maximum length (verl `response_length/clip_ratio`)",
-    "rollout/advantages": "mean advantage over response tokens",
-    "rollout/returns": "mean return over response tokens",
-    "rollout/values": "mean critic value over response tokens",
-    "rollout/kept_groups": "prompt groups kept by dynamic filtering (DAPO)",
-    "rollout/staleness": "policy versions between sampling and update (asynchronous PPO, AReaL)",
-    # train: the update (means over the ppo_epoch x num_mini_batch minibatches)
-    "train/loss": "total loss that was differentiated",
-    "train/policy_loss": "clipped surrogate policy loss (verl `actor/pg_loss`)",
-    "train/value_loss": "critic loss (verl `critic/vf_loss`)",
-    "train/entropy_loss": "mean token entropy of the policy (OpenR `entropy_loss`)",
-    "train/kl": "KL(pi || pi_ref) to the reference policy (verl `actor/kl_loss`)",
-    "train/kl_coef": "coefficient of the KL term",
-    "train/approx_kl": "mean of (r - 1) - log r, r = pi / pi_old, over tokens (over steps for APPO): OpenR's KL skip",
-    "train/clip_fraction": "fraction of tokens whose ratio was clipped (verl `actor/pg_clipfrac`)",
-    "train/value_clip_fraction": "fraction of tokens whose value was clipped (verl `critic/vf_clipfrac`)",
+    "rollout/truncated_fraction": "fraction of responses cut at max_new_tokens (verl `response_length/clip_ratio`)",
+    "rollout/no_answer_rate": "fraction of responses with no final answer to grade (NaN if the reward does not say)",
+    "rollout/grader_timeouts": "responses whose grading ran past reward.timeout_s (graded incorrect)",
+    "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
+    "rollout/sampler_logprob_diff": (
+        "mean |trainer - sampler| log-prob of the response tokens; a health check, with plain sampling only "
+        "(temperature 1, top_p 1, no top_k)"
+    ),
+    "rollout/episode_return": "mean undiscounted return of an episode (multi-turn env_name)",
+    "rollout/episode_turns": "mean turns per episode (multi-turn env_name)",
+    "dapo/kept_fraction": "fraction of responses kept by DAPO's group filter (the others are masked out)",
+    # async: how far the rollouts are behind the learner (every loop; 0 in the synchronous one)
+    "async/staleness": "policy versions between the policy that sampled the batch and the one it updates (AReaL)",
+    "async/policy_version": "version of the policy that sampled the batch (the oldest turn's, multi-turn)",
+    # train: the update, averaged over the ppo_epoch x num_mini_batch minibatches (weighted by their tokens)
+    "train/loss": "the policy objective differentiated: policy loss - entropy_coef x entropy + kl_coef x kl",
+    "train/policy_loss": "policy-gradient loss (verl `actor/pg_loss`)",
+    "train/entropy_loss": (
+        "mean token entropy of the policy (OpenR's `entropy_loss`; a mean over actions with APPO's action ratio), "
+        "not multiplied by entropy_coef"
+    ),
+    "train/kl": "KL(pi || pi_ref) to the reference policy, kl_kind estimator (with kl_coef > 0; verl `actor/kl_loss`)",
+    "train/approx_kl": (
+        "mean of (r - 1) - log r, r = pi / pi_old, over tokens (over actions for APPO): OpenR's KL skip, which "
+        "compares it with target_kl"
+    ),
+    "train/ppo_kl": (
+        "mean of log pi_old - log pi over tokens (verl `actor/ppo_kl`; pi_old is the proximal policy for "
+        "async_ppo); not logged with APPO's action ratio"
+    ),
+    "train/clip_fraction": "fraction of tokens whose clipped term is the active one (verl `actor/pg_clipfrac`)",
+    "train/clip_fraction_high": "fraction of tokens with A > 0 and a ratio above 1 + clip_high",
+    "train/clip_fraction_low": "fraction of tokens with A < 0 and a ratio below 1 - clip_low",
+    "train/dual_clip_fraction": "fraction of tokens bounded by the dual clip (clip_c; 0 without it)",
     "train/importance_weight": "mean ratio pi / pi_old over response tokens",
-    "train/explained_variance": "1 - Var(returns - values) / Var(returns) of the critic",
-    "train/grad_norm": "global L2 norm of the gradient before clipping",
+    "train/importance_weight_max": "largest ratio pi / pi_old of a response token",
+    "train/grad_norm": "global L2 norm of the policy gradient before clipping",
+    "train/applied_fraction": "fraction of minibatches whose policy step was taken (finite, approx-KL <= target_kl)",
     "train/kl_skipped_fraction": "fraction of minibatches whose approx-KL exceeded target_kl: no policy step (OpenR)",
-    "train/learning_rate": "learning rate of the step",
-    # eval: held-out problems
-    "eval/accuracy": "fraction of evaluation problems answered correctly (greedy or one sample)",
-    "eval/pass_at_k": "unbiased pass@k on the evaluation problems (Chen et al. 2021)",
-    "eval/response_length": "mean evaluation response length, in tokens",
+    "train/skipped_updates": "minibatch steps skipped for a non-finite loss or gradient (policy or critic)",
+    "train/update_step": (
+        "updates of the policy so far (`TrainState.step`): one per iteration, each of ppo_epoch x num_mini_batch "
+        "optimizer steps"
+    ),
+    "train/behaviour_weight_mean": "mean pi_prox / pi_behaviour of the tokens kept (async_ppo's decoupled loss)",
+    "train/behaviour_kl": "mean log pi_prox - log pi_behaviour of the tokens kept (async_ppo)",
+    "train/behaviour_capped_fraction": "fraction of tokens dropped by behaviour_weight_cap (async_ppo)",
+    # train, critic (ppo, appo, tppo)
+    "train/value_loss": "critic loss (verl `critic/vf_loss`)",
+    "train/value_grad_norm": "global L2 norm of the critic gradient before clipping",
+    "train/value_clip_fraction": "fraction of value entries whose clipped term is active (verl `critic/vf_clipfrac`)",
+    "train/value_mean": "mean critic value over the entries it is trained on",
+    "train/value_explained_variance": "1 - Var(returns - values) / Var(returns) of the critic",
+    # eval: held-out problems, every eval_interval iterations and at the end
+    "eval/accuracy": "fraction of evaluation problems answered correctly by greedy decoding",
+    "eval/response_length": "mean greedy evaluation response length, in tokens",
+    "eval/pass@{k}": (
+        "unbiased pass@k (Chen et al. 2021) from eval_n_samples samples at the RL temperature, for k in 1, 4, 8 "
+        "and eval_n_samples (k <= eval_n_samples), at the first and last evaluation; pass@1 is the sampled accuracy"
+    ),
     # perf: throughput
-    "perf/step_time": "seconds of the whole training step",
-    "perf/rollout_time": "seconds spent sampling",
-    "perf/update_time": "seconds spent in the update",
-    "perf/tokens_per_second": "prompt + response tokens processed per second of the step",
+    "perf/step_time": "seconds of the whole iteration (without the evaluation)",
+    "perf/generate_time": "seconds the batch took to sample and grade (in the generator thread for async_ppo)",
+    "perf/wait_time": "seconds the learner waited for its batch",
+    "perf/tokens_per_second": "response tokens of the batch per second of the iteration",
+    # warmstart: the supervised warm-start before RL (logged at step 0, once)
+    "warmstart/eval_accuracy_before": "greedy eval accuracy before the warm-start",
+    "warmstart/eval_accuracy_after": "greedy eval accuracy after the warm-start",
+    "warmstart/seconds": "seconds of the warm-start's training",
+    "warmstart/steps": "optimizer steps of the warm-start",
 }
 
 
-def _check_step(step: Any) -> int:
+_NAME_FAMILIES = {
+    name: re.compile(re.escape(name).replace(re.escape("{k}"), "[1-9][0-9]*")) for name in METRIC_NAMES if "{k}" in name
+}
+
+
+def documented_name(name: str) -> str | None:
+    """The `METRIC_NAMES` entry that documents the logged metric `name`: itself, its family
+    (`"eval/pass@4"` -> `"eval/pass@{k}"`), or None for a name the loop does not log."""
+    if name in METRIC_NAMES and name not in _NAME_FAMILIES:
+        return name
+    return next((family for family, pattern in _NAME_FAMILIES.items() if pattern.fullmatch(name)), None)
+
+
+def _check_step(step: Any, name: str = "step") -> int:
     if isinstance(step, bool) or not isinstance(step, (numbers.Integral, np.integer)) or step < 0:
-        raise ValueError(f"step={step!r}: expected an int >= 0")
+        raise ValueError(f"{name}={step!r}: expected an int >= 0")
     return int(step)
 
 
@@ -133,16 +193,33 @@ class MetricsLogger:
       jsonl: append to `<logdir>/metrics.jsonl`.
       main_process: whether this process writes; default `is_main_process()`. On
         the other processes `log` and `close` do nothing.
+      resumed_from: the step the run resumes from (the iteration of the restored
+        checkpoint; 0 for a run that starts over). The records of later steps already
+        in `metrics.jsonl` (logged by the interrupted run, and logged again by this one)
+        are dropped before anything is written: the file is rewritten to a temporary
+        file and renamed over the old one (`os.replace`), so a crash leaves either the
+        old file or the new one. A last line cut short by a crash is dropped too. The
+        tensorboard event files are not rewritten: the new event file starts with a
+        purge marker at step `resumed_from + 1` (tensorboardX `purge_step`), which
+        makes TensorBoard hide the old files' scalars of those steps; a reader of the
+        raw event files still sees them. None (the default): append, dropping nothing.
 
     Each `log` call is flushed to disk, so a crash loses no logged step.
     """
 
     def __init__(
-        self, logdir: str, *, tensorboard: bool = True, jsonl: bool = True, main_process: bool | None = None
+        self,
+        logdir: str,
+        *,
+        tensorboard: bool = True,
+        jsonl: bool = True,
+        main_process: bool | None = None,
+        resumed_from: int | None = None,
     ) -> None:
         self.logdir = os.path.abspath(os.fspath(logdir))
         self.active = is_main_process() if main_process is None else bool(main_process)
         self.jsonl_path = os.path.join(self.logdir, JSONL_NAME) if jsonl else None
+        self.resumed_from = None if resumed_from is None else _check_step(resumed_from, "resumed_from")
         self._writer = None
         self._jsonl: IO[str] | None = None
         self._closed = False
@@ -152,11 +229,14 @@ class MetricsLogger:
             raise ValueError(f"log directory {self.logdir!r} exists and is not a directory")
         os.makedirs(self.logdir, exist_ok=True)
         if jsonl:
+            if self.resumed_from is not None:
+                drop_records_after(self.jsonl_path, self.resumed_from)
             self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(logdir=self.logdir)
+            purge = None if self.resumed_from is None else self.resumed_from + 1
+            self._writer = SummaryWriter(logdir=self.logdir, purge_step=purge)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Records `metrics` (name -> real scalar: Python, NumPy or jax) at `step`."""
@@ -192,6 +272,47 @@ class MetricsLogger:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def drop_records_after(path: str, step: int) -> int:
+    """Removes from the metrics file `path` the records of steps after `step`; returns how many it removed.
+
+    The records of steps <= `step` keep their lines and their order. A last line cut
+    short by a crash (no newline after it) goes too; any other line that is not a
+    record is kept as it is (`read_jsonl_metrics` names it). The file is rewritten
+    only if something changes, through `<path>.tmp` and `os.replace`, so it is never
+    half written. A missing file is left missing.
+    """
+    step = _check_step(step)
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    kept, dropped = [], 0
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) - 1:  # no newline after it: a write that a crash interrupted
+                dropped += 1
+                continue
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step:
+            dropped += 1
+            continue
+        kept.append(line + "\n")
+    if not dropped and "".join(kept) == text:
+        return 0
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return dropped
 
 
 def read_jsonl_metrics(path_or_run_dir: str) -> list[dict[str, Any]]:

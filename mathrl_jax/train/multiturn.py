@@ -20,7 +20,7 @@ import numpy as np
 from mathrl_jax import losses
 from mathrl_jax.envs import GuessTheNumberEnv, VectorEnv, run_episodes
 from mathrl_jax.sampling import Rollouts, SamplingParams
-from mathrl_jax.train.loop import Collected, SyncRollouts, iteration_seed
+from mathrl_jax.train.collect import Collected, SyncRollouts, iteration_seed
 
 ENVS = {"guess_number": GuessTheNumberEnv}
 

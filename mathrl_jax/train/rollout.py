@@ -1,19 +1,8 @@
-"""From rollouts and rewards to a training batch: per-algorithm advantages, DAPO's filters, actions.
+"""From rollouts and rewards to a training batch: each algorithm's advantages (`algorithms.ALGORITHMS` names
+the estimator), DAPO's filter and overlong shaping, and the reasoning steps of a completion's text.
 
-Everything here is a function of arrays (the batch layout of `Rollouts.to_batch`,
-`[N, L]`, column c holding token c), so each algorithm's credit assignment can
-be read, tested and reused on its own:
-
-| algorithm        | advantages                                              | source                  |
-|------------------|---------------------------------------------------------|-------------------------|
-| `grpo`           | (s - mean_g) / (std_g + eps) per prompt group, all tokens | DeepSeekMath; verl      |
-| `drgrpo`         | s - mean_g (no std), loss seq-mean-token-sum-norm        | Liu et al. 2025         |
-| `dapo`           | as grpo, after dynamic group filtering + overlong shaping | Yu et al. 2025; verl    |
-| `ppo`            | token-level GAE with a critic, reward on the last token  | Ouyang et al.; verl     |
-| `appo`           | action-level GAE over reasoning steps, one ratio per step, critic | OpenR `batch_process_appo` |
-| `tppo`           | POAD action-decomposed token backup, critic              | Wen et al. 2024; OpenR  |
-| `reinforce_rebn` | per-turn discounted returns, batch-normalised            | GEM (Liu et al. 2025)   |
-| `async_ppo`      | as grpo (AReaL's default estimator), decoupled loss     | AReaL                   |
+The formulas themselves are in `mathrl_jax.losses` (group-relative, GAE, POAD, action-level GAE, ReBN); this
+module chooses and composes them on the batch layout of `Rollouts.to_batch` (`[N, L]`, column c holding token c).
 """
 
 from __future__ import annotations
@@ -25,35 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mathrl_jax import losses
-
-GROUP_ALGORITHMS = ("grpo", "drgrpo", "dapo", "async_ppo")
-CRITIC_ALGORITHMS = ("ppo", "appo", "tppo")
-ALGORITHMS = GROUP_ALGORITHMS + CRITIC_ALGORITHMS + ("reinforce_rebn",)
-
-
-def last_token_rewards(scores: jax.Array, response_mask: jax.Array) -> jax.Array:
-    """`[N, L]` with each sequence's score on its last response token (outcome reward)."""
-    mask = response_mask > 0
-    length = mask.shape[1]
-    last = length - 1 - jnp.argmax(jnp.flip(mask, axis=1), axis=1)
-    has_tokens = jnp.any(mask, axis=1)
-    rewards = jax.nn.one_hot(last, length, dtype=jnp.float32) * scores.astype(jnp.float32)[:, None]
-    return jnp.where(has_tokens[:, None], rewards, 0.0)
-
-
-def action_index_from_separators(
-    input_ids: jax.Array, response_mask: jax.Array, separator_ids: Sequence[int]
-) -> jax.Array:
-    """`[N, L]` int: the reasoning step of each response token; a separator token ends its step.
-
-    Step k holds the tokens after the k-th separator up to and including the
-    (k+1)-th. With no separator ids each response is one action.
-    """
-    if not separator_ids:
-        return jnp.zeros(input_ids.shape, jnp.int32)
-    is_sep = jnp.isin(input_ids, jnp.asarray(separator_ids)) & (response_mask > 0)
-    ends_before = jnp.cumsum(is_sep, axis=1) - is_sep  # separators strictly before each token
-    return ends_before.astype(jnp.int32)
+from mathrl_jax.train import algorithms
 
 
 def action_index_from_text(token_texts: Sequence[str], separator: str) -> np.ndarray:
@@ -127,46 +88,6 @@ def overlong_penalty(
     return (np.minimum(-excess / buffer_len, 0.0) * penalty_factor).astype(np.float32)
 
 
-def group_advantages(
-    algorithm: str, scores: jax.Array, group_ids: jax.Array, row_mask: jax.Array, num_groups: int
-) -> jax.Array:
-    """`[N]` sequence advantages of the group-based algorithms."""
-    if algorithm == "drgrpo":
-        return losses.dr_grpo_advantages(scores, group_ids, seq_mask=row_mask, num_groups=num_groups)
-    return losses.group_relative_advantages(scores, group_ids, seq_mask=row_mask, num_groups=num_groups)
-
-
-def action_level_gae(
-    token_rewards: jax.Array,
-    values: jax.Array,
-    action_index: jax.Array,
-    response_mask: jax.Array,
-    *,
-    max_actions: int,
-    gamma: float,
-    lam: float,
-):
-    """APPO: GAE over actions (reasoning steps), broadcast back to their tokens.
-
-    An action's value is the critic's value at its first token (the state it was
-    taken in); its reward is the sum of its tokens' rewards. Returns
-    (token advantages, token returns, value mask): the critic is trained on each
-    action's first token only, against that action's return.
-    """
-    mask = response_mask > 0
-    a_idx = jnp.where(mask, jnp.clip(action_index, 0, max_actions - 1), max_actions)  # max_actions = dump slot
-    one_hot = jax.nn.one_hot(a_idx, max_actions + 1, dtype=jnp.float32)[..., :max_actions]  # [N, L, A]
-    action_rewards = jnp.einsum("nl,nla->na", token_rewards, one_hot)
-    starts = mask & (jnp.pad(a_idx[:, :-1], ((0, 0), (1, 0)), constant_values=-1) != a_idx)
-    action_values = jnp.einsum("nl,nla->na", jnp.where(starts, values, 0.0), one_hot)
-    action_mask = (jnp.sum(one_hot, axis=1) > 0).astype(jnp.float32)
-    adv, ret = losses.gae_advantages(action_rewards, action_values, action_mask, gamma=gamma, lam=lam)
-    gather = lambda x: jnp.take_along_axis(x, jnp.clip(a_idx, 0, max_actions - 1), axis=1)  # noqa: E731
-    token_adv = jnp.where(mask, gather(adv), 0.0)
-    token_ret = jnp.where(mask, gather(ret), 0.0)
-    return token_adv, token_ret, starts.astype(jnp.float32)
-
-
 def compute_advantages(
     algorithm: str,
     batch: Dict[str, jax.Array],
@@ -213,27 +134,26 @@ def compute_advantages(
       dict with advantages `[N, L]` and response_mask `[N, L]` (row_mask applied);
       with a critic also returns, old_values, value_mask and action_index.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm {algorithm!r}: expected one of {ALGORITHMS}")
+    estimator = algorithms.algorithm(algorithm).advantages
     response_mask = jnp.asarray(batch["response_mask"], jnp.float32)
     n = response_mask.shape[0]
     row_mask = jnp.ones((n,), jnp.float32) if row_mask is None else jnp.asarray(row_mask, jnp.float32)
     response_mask = response_mask * row_mask[:, None]
     scores = jnp.asarray(scores, jnp.float32)
     out = {"response_mask": response_mask}
-    if algorithm in GROUP_ALGORITHMS:
-        seq_adv = group_advantages(algorithm, scores, jnp.asarray(group_ids), row_mask, num_groups)
+    if estimator in ("group", "group_mean", "rebn"):  # one advantage per sequence, on all its tokens
+        if estimator == "rebn":  # single-turn: one turn per row
+            seq_adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
+        else:
+            group_fn = losses.group_relative_advantages if estimator == "group" else losses.dr_grpo_advantages
+            seq_adv = group_fn(scores, jnp.asarray(group_ids), seq_mask=row_mask, num_groups=num_groups)
         out["advantages"] = losses.broadcast_to_tokens(seq_adv, response_mask)
-        return out
-    if algorithm == "reinforce_rebn":  # single-turn: one turn per row
-        adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
-        out["advantages"] = losses.broadcast_to_tokens(adv, response_mask)
         return out
     if values is None:
         raise ValueError(f"algorithm {algorithm!r} needs critic values")
-    token_rewards = last_token_rewards(scores, response_mask)
+    token_rewards = losses.last_token_rewards(scores, response_mask)
     if action_index is None:
-        index = action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
+        index = losses.action_index_from_separators(jnp.asarray(batch["input_ids"]), response_mask, separator_ids)
     else:
         index = jnp.asarray(action_index, jnp.int32)
     index = jnp.where(response_mask > 0, index, 0)
@@ -258,17 +178,16 @@ def compute_advantages(
         )
     values = jnp.where(response_mask > 0, values, 0.0)
     value_mask = response_mask
-    if algorithm == "ppo":
+    if estimator == "gae":
         adv, ret = losses.gae_advantages(token_rewards, values, response_mask, gamma=gamma, lam=lam)
-    else:
-        if algorithm == "tppo":
-            ends = losses.action_ends_from_index(index, response_mask)
-            adv, ret = losses.action_decomposed_gae(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)
-        else:
-            slots = max_actions or 1 << max(3, (num_actions - 1).bit_length())  # a few shapes: 8, 16, 32, ...
-            adv, ret, value_mask = action_level_gae(
-                token_rewards, values, index, response_mask, max_actions=slots, gamma=gamma, lam=lam
-            )
+    elif estimator == "action_decomposed_gae":
+        ends = losses.action_ends_from_index(index, response_mask)
+        adv, ret = losses.action_decomposed_gae(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)
+    else:  # action_gae
+        slots = max_actions or 1 << max(3, (num_actions - 1).bit_length())  # a few shapes: 8, 16, 32, ...
+        adv, ret, value_mask = losses.action_level_gae(
+            token_rewards, values, index, response_mask, max_actions=slots, gamma=gamma, lam=lam
+        )
     if whiten:
         adv = losses.masked_whiten(adv, response_mask)
     out.update(advantages=adv, returns=ret, old_values=values, value_mask=value_mask, action_index=index)

@@ -15,10 +15,12 @@ a token-mean over the target tokens of the whole batch, the log-prob of the toke
 at column `c` coming from the logits at column `c - 1`. Prompt tokens and padding
 are never scored.
 
-Rows use the layout of `Rollouts.to_batch` (`mathrl_jax.sampling.base`):
-`[pad ... prompt | target ... pad]`, prompts left-padded to end at a common
-column `P`, so a target token `t` sits at column `P + t`, exactly where a sampled
-completion token would.
+Rows use the layout of `Rollouts.to_batch` (`mathrl_jax.sampling.base`), built by the
+same function (`pad_prompt_completion`): `[pad ... prompt | target ... pad]`,
+prompts left-padded to end at a common column `P`, so a target token `t` sits at
+column `P + t`, exactly where a sampled completion token would. The log-probs
+are the trainer's (`train.update.shifted_logprobs`), the optimizer is the RL
+phase's factory (`train.state.make_optimizer`) with the warm-start's settings.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mathrl_jax.losses import masked_mean, token_logprobs_from_logits
-from mathrl_jax.train.state import learning_rate_schedule
+from mathrl_jax.losses import masked_mean
+from mathrl_jax.sampling.base import pad_prompt_completion
+from mathrl_jax.train.state import learning_rate_schedule, make_optimizer
+from mathrl_jax.train.update import shifted_logprobs
 
 Example = Tuple[List[int], List[int]]
 LogFn = Callable[[int, Dict[str, float]], None]
@@ -70,7 +74,8 @@ def sft_batch(
     prompt_length: Optional[int] = None,
     max_length: Optional[int] = None,
 ) -> Dict[str, np.ndarray]:
-    """Padded arrays of (prompt, target) pairs, in the row layout of `Rollouts.to_batch`.
+    """Padded arrays of (prompt, target) pairs, in the row layout of `Rollouts.to_batch`
+    (both are `sampling.base.pad_prompt_completion`; the ids are checked here first).
 
     Row i: `[pad ... prompt_i | target_i ... pad]`, every prompt ending at column
     `P` (`prompt_length`, default the longest prompt), so target token `t` sits at
@@ -95,32 +100,9 @@ def sft_batch(
         raise ValueError("sft_batch: got no examples")
     prompts = [_check_ids("prompt_ids", i, p) for i, p in enumerate(prompt_ids)]
     targets = [_check_ids("target_ids", i, t) for i, t in enumerate(target_ids)]
-    longest_prompt = max(len(p) for p in prompts)
-    if prompt_length is None:
-        prompt_length = longest_prompt
-    elif prompt_length < longest_prompt:
-        raise ValueError(f"sft_batch(prompt_length={prompt_length}): the longest prompt has {longest_prompt} tokens")
-    needed = prompt_length + max(len(t) for t in targets)
-    if max_length is None:
-        max_length = needed
-    elif max_length < needed:
-        raise ValueError(f"sft_batch(max_length={max_length}): the examples need {needed} columns")
-    n = len(prompts)
-    input_ids = np.full((n, max_length), pad_id, np.int32)
-    attention_mask = np.zeros((n, max_length), np.int32)
-    response_mask = np.zeros((n, max_length), np.float32)
-    for i, (prompt, target) in enumerate(zip(prompts, targets)):
-        start, end = prompt_length - len(prompt), prompt_length + len(target)
-        input_ids[i, start:prompt_length] = prompt
-        input_ids[i, prompt_length:end] = target
-        attention_mask[i, start:end] = 1
-        response_mask[i, prompt_length:end] = 1.0
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "response_mask": response_mask,
-        "prompt_length": np.int32(prompt_length),
-    }
+    return pad_prompt_completion(
+        prompts, targets, pad_id, prompt_length=prompt_length, max_length=max_length, caller="sft_batch"
+    )
 
 
 def sft_examples(
@@ -164,9 +146,10 @@ def _model_sft_loss(model: nnx.Module, batch: Dict[str, chex.Array], eps: float)
     if input_ids.shape[1] < 2:
         raise ValueError(f"sft_loss: rows of {input_ids.shape[1]} column(s); next-token prediction needs >= 2")
     logits, _ = model(input_ids, attention_mask=attention_mask)
-    # Logits at column c - 1 score the token at column c.
+    # Logits at column c - 1 score the token at column c. Column 0 (a prompt token or padding, never a target) has
+    # no log-prob: it is dropped, so the sums below run over the columns 1 ... L - 1 they always have.
+    logprobs = shifted_logprobs(logits, input_ids)[0][:, 1:]
     logits, tokens, mask = logits[:, :-1], input_ids[:, 1:], jnp.asarray(response_mask[:, 1:], jnp.float32)
-    logprobs, _ = token_logprobs_from_logits(logits, tokens)
     loss = -masked_mean(logprobs, mask, eps=eps)
     correct = (jnp.argmax(logits, axis=-1) == tokens).astype(jnp.float32)
     # A row is all-correct when no counted token is wrong (rows without targets are left out).
@@ -207,22 +190,26 @@ def sft_loss(
 # --------------------------------------------------------------------------------------------- training
 
 
-def sft_schedule(
-    learning_rate: float, steps: int, warmup_steps: int, schedule: str = "cosine", final_fraction: float = 0.1
-) -> optax.Schedule:
-    """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then cosine decay to
-    `final_fraction * learning_rate` at `steps` ("cosine") or constant ("constant"):
-    `train.state.learning_rate_schedule` restricted to the warm-start's two schedules."""
+def _schedule_settings(steps: int, warmup_steps: int, schedule: str, final_fraction: float) -> Dict[str, Any]:
+    """The `learning_rate_schedule` / `make_optimizer` keywords of the warm-start's schedule."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
-    return learning_rate_schedule(
-        learning_rate,
+    return dict(
         schedule=schedule,
         warmup_steps=warmup_steps,
         # A constant schedule does not depend on its length: callers may pass 0 (one compile for any length).
         total_steps=max(int(steps), 1) if schedule == "constant" else steps,
         end_factor=final_fraction,
     )
+
+
+def sft_schedule(
+    learning_rate: float, steps: int, warmup_steps: int, schedule: str = "cosine", final_fraction: float = 0.1
+) -> optax.Schedule:
+    """Linear warmup from 0 to `learning_rate` over `warmup_steps`, then cosine decay to
+    `final_fraction * learning_rate` at `steps` ("cosine") or constant ("constant"):
+    `train.state.learning_rate_schedule` restricted to the warm-start's two schedules."""
+    return learning_rate_schedule(learning_rate, **_schedule_settings(steps, warmup_steps, schedule, final_fraction))
 
 
 def sft_optimizer(
@@ -234,11 +221,13 @@ def sft_optimizer(
     weight_decay: float = 0.0,
     max_grad_norm: Optional[float] = 1.0,
 ) -> Tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optimizer, learning-rate schedule) of the warm-start: global-norm clipping to `max_grad_norm`
-    (None: none), then AdamW (b1 0.9, b2 0.999, eps 1e-8, decoupled `weight_decay`) at `sft_schedule`."""
-    lr = sft_schedule(learning_rate, steps, warmup_steps, schedule, final_lr_fraction)
-    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm is not None else []
-    return optax.chain(*parts, optax.adamw(lr, weight_decay=weight_decay)), lr
+    """(optimizer, learning-rate schedule) of the warm-start: `train.state.make_optimizer` at `sft_schedule`,
+    i.e. global-norm clipping to `max_grad_norm` (None: none), then AdamW (b1 0.9, b2 0.999, eps 1e-8,
+    decoupled `weight_decay`)."""
+    settings = _schedule_settings(steps, warmup_steps, schedule, final_lr_fraction)
+    return make_optimizer(
+        learning_rate, **settings, weight_decay=weight_decay, max_grad_norm=max_grad_norm, return_schedule=True
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "optimizer_args"))

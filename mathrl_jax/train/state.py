@@ -7,7 +7,7 @@ data-loader position is host-side JSON and travels in the checkpoint metadata.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import flax.struct
 import jax
@@ -61,12 +61,6 @@ def create_train_state(
     )
 
 
-def split_key(state: TrainState) -> Tuple[TrainState, jax.Array]:
-    """A fresh key for this step, and the state with its RNG advanced."""
-    key, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
-    return state.replace(rng=jax.random.key_data(key)), sub
-
-
 SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -104,14 +98,24 @@ def make_optimizer(
     schedule: str = "constant",
     warmup_steps: int = 0,
     total_steps: int = 1,
+    end_factor: float = 0.0,
     weight_decay: float = 0.0,
     max_grad_norm: Optional[float] = 1.0,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
-) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping (verl / OpenR defaults: clip 1.0) and a schedule counted in optimizer steps."""
-    lr = learning_rate_schedule(learning_rate, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps)
+    return_schedule: bool = False,
+) -> Union[optax.GradientTransformation, Tuple[optax.GradientTransformation, optax.Schedule]]:
+    """AdamW with global-norm clipping (verl / OpenR defaults: clip 1.0) and a schedule counted in optimizer steps.
+
+    The learning rate follows `learning_rate_schedule(learning_rate, schedule=..., warmup_steps=...,
+    total_steps=..., end_factor=...)`; `max_grad_norm` None or 0 clips nothing. With `return_schedule`,
+    returns (optimizer, that schedule), e.g. to log the learning rate of a step.
+    """
+    lr = learning_rate_schedule(
+        learning_rate, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, end_factor=end_factor
+    )
     parts = [] if not max_grad_norm else [optax.clip_by_global_norm(max_grad_norm)]
     parts.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
-    return optax.chain(*parts)
+    optimizer = optax.chain(*parts)
+    return (optimizer, lr) if return_schedule else optimizer

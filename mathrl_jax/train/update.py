@@ -37,7 +37,6 @@ from flax import nnx
 from mathrl_jax import losses
 from mathrl_jax.train.state import TrainState
 
-POLICY_LOSSES = ("ppo", "action_ppo", "decoupled", "gspo", "reinforce")
 WHITENING = (None, "actions", "nonzero")
 
 
@@ -68,8 +67,8 @@ class UpdateConfig:
     temperature: float = 1.0  # log-probs at the sampler's temperature
 
     def __post_init__(self):
-        if self.policy_loss not in POLICY_LOSSES:
-            raise ValueError(f"policy_loss={self.policy_loss!r}: expected one of {POLICY_LOSSES}")
+        if self.policy_loss not in losses.POLICY_LOSSES:
+            raise ValueError(f"policy_loss={self.policy_loss!r}: expected one of {tuple(losses.POLICY_LOSSES)}")
         if self.ppo_epochs < 1 or self.num_mini_batches < 1:
             raise ValueError(f"ppo_epochs={self.ppo_epochs}, num_mini_batches={self.num_mini_batches}: must be >= 1")
         if self.loss_agg_mode not in losses.LOSS_AGG_MODES:
@@ -101,39 +100,28 @@ def critic_values(graphdef, params, input_ids, attention_mask):
     return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
 
 
-def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
-    logp, entropy = policy_logprobs(graphdef, params, mb["input_ids"], mb["attention_mask"], cfg.temperature)
-    mask = mb["response_mask"]
+def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) -> Dict[str, Any]:
+    """The keyword arguments of `cfg.policy_loss` (a `losses.registry` name) beyond (logp, old, adv, mask)."""
     agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
     clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
     if cfg.policy_loss == "ppo":
-        loss, metrics = losses.ppo_clip_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **clip, **agg)
-    elif cfg.policy_loss == "action_ppo":  # APPO as OpenR: one ratio per action, averaged over actions
-        loss, metrics = losses.action_ppo_loss(
-            logp,
-            mb["old_logprobs"],
-            mb["advantages"],
-            mask,
-            action_index=mb["action_index"],
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
-            denominator=denominator,
+        return {**clip, **agg}
+    if cfg.policy_loss == "action_ppo":  # APPO as OpenR: one ratio per action, averaged over the actions
+        return dict(
+            action_index=mb["action_index"], clip_low=cfg.clip_low, clip_high=cfg.clip_high, denominator=denominator
         )
-    elif cfg.policy_loss == "decoupled":
-        loss, metrics = losses.decoupled_ppo_loss(
-            logp,
-            mb["old_logprobs"],
-            mb["advantages"],
-            mask,
-            proximal_logprobs=mb["proximal_logprobs"],
-            behaviour_weight_cap=cfg.behaviour_weight_cap,
-            **clip,
-            **agg,
+    if cfg.policy_loss == "decoupled_ppo":
+        return dict(
+            proximal_logprobs=mb["proximal_logprobs"], behaviour_weight_cap=cfg.behaviour_weight_cap, **clip, **agg
         )
-    elif cfg.policy_loss == "gspo":
-        loss, metrics = losses.gspo_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **agg)
-    else:
-        loss, metrics = losses.reinforce_loss(logp, mb["old_logprobs"], mb["advantages"], mask, **agg)
+    return agg  # gspo, reinforce, or a loss of the user's with the aggregation arguments
+
+
+def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
+    logp, entropy = policy_logprobs(graphdef, params, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+    mask = mb["response_mask"]
+    loss_fn = losses.get_policy_loss(cfg.policy_loss)
+    loss, metrics = loss_fn(logp, mb["old_logprobs"], mb["advantages"], mask, **_policy_loss_args(cfg, mb, denominator))
     metrics = {"policy_loss": loss, **metrics}
     if cfg.policy_loss == "action_ppo":  # OpenR: each action's mean token entropy, averaged over actions
         starts = losses.action_starts_from_index(mb["action_index"], mask)
@@ -145,6 +133,7 @@ def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Arr
         metrics["entropy"] = losses.masked_mean(entropy, mask)
     total = loss - cfg.entropy_coef * entropy_term
     if cfg.kl_coef:
+        agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
         kl, _ = losses.kl_loss(logp, mb["ref_logprobs"], mask, kind=cfg.kl_kind, **agg)
         metrics["kl"] = kl
         total = total + cfg.kl_coef * kl
@@ -257,8 +246,15 @@ def make_update_fn(
     critic_graphdef: Optional[nnx.GraphDef] = None,
     critic_optimizer: Optional[optax.GradientTransformation] = None,
     donate: bool = True,
+    state_shardings: Any = None,
 ) -> Callable[[TrainState, Dict[str, jax.Array]], Tuple[TrainState, Dict[str, jax.Array]]]:
-    """The jitted `update(state, batch) -> (state, metrics)` (see the module docstring)."""
+    """The jitted `update(state, batch) -> (state, metrics)` (see the module docstring).
+
+    `state_shardings`, a TrainState of shardings (e.g. `jax.tree.map(lambda x: x.sharding, placed_state)`), pins
+    the returned state to them. Without it XLA picks the output shardings, and under fsdp it returns small
+    leaves (norm weights, their Adam moments) sharded where their rule replicates them, so the next call sees
+    other input shardings and compiles the whole update again.
+    """
     has_critic = critic_graphdef is not None
     policy_objective = functools.partial(_policy_objective, cfg, graphdef)
     critic_objective = functools.partial(_critic_objective, cfg, critic_graphdef) if has_critic else None
@@ -346,7 +342,8 @@ def make_update_fn(
         )
         return new_state, metrics
 
-    return jax.jit(update, donate_argnums=(0,) if donate else ())
+    out_shardings = None if state_shardings is None else (state_shardings, None)
+    return jax.jit(update, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
 
 
 def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
@@ -384,6 +381,3 @@ def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional
 def compute_values_fn(critic_graphdef, chunk_rows: Optional[int] = None) -> Callable:
     """Jitted `(critic_params, input_ids, attention_mask) -> [N, L]` aligned values, `chunk_rows` rows at a time."""
     return jax.jit(_in_row_chunks(functools.partial(critic_values, critic_graphdef), chunk_rows))
-
-
-Metrics = Dict[str, Any]

@@ -371,7 +371,9 @@ def huber_grad(e, delta):
 
 
 def explained_variance(values, returns, mask):
-    """1 - Var[R - V] / Var[R] over the masked entries (biased variances, + 1e-8)."""
+    """1 - Var[R - V] / Var[R] over the masked entries (biased variances, + 1e-8); 0 with no masked entry."""
+    if not np.any(np.asarray(mask) > 0):
+        return 0.0
     r = masked_values(returns, mask)
     v = masked_values(values, mask)
     return 1.0 - np.var(r - v) / (np.var(r) + 1e-8)

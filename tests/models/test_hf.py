@@ -16,6 +16,7 @@ import transformers
 from flax import nnx, serialization
 
 from mathrl_jax.models import hf, tiny, value_head
+from mathrl_jax.models.hf_config import load_config
 from tests.models.conftest import padded_batch, torch_logits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,7 +97,7 @@ def test_sharded_load_places_each_tensor_by_its_sharding(hf_checkpoints):
         return jax.sharding.NamedSharding(mesh, spec)
 
     directory = hf_checkpoints["qwen2"][0]
-    sharded = hf.load_state(directory, hf.QwenConfig.from_pretrained(directory), sharding_fn)
+    sharded = hf.load_state(directory, load_config(directory), sharding_fn)
     plain = nnx.state(hf.load_model(directory))
     for (path, value), (_, reference) in zip(nnx.to_flat_state(sharded), nnx.to_flat_state(plain)):
         array = value[...]

@@ -8,6 +8,7 @@ import torch
 from flax import nnx
 
 from mathrl_jax.models import hf, qwen
+from mathrl_jax.models.hf_config import config_from_dict
 from tests.models.conftest import VARIANTS, padded_batch, torch_logits
 
 
@@ -141,10 +142,8 @@ def test_hidden_states_and_unembedding_reproduce_the_logits(hf_checkpoints):
 
 def test_config_reads_both_transformers_layouts():
     base = dict(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
-    v4 = qwen.QwenConfig.from_hf_dict(dict(base, architectures=["Qwen2ForCausalLM"], rope_theta=5.0))
-    v5 = qwen.QwenConfig.from_hf_dict(
-        dict(base, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 5.0})
-    )
+    v4 = config_from_dict(dict(base, architectures=["Qwen2ForCausalLM"], rope_theta=5.0))
+    v5 = config_from_dict(dict(base, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 5.0}))
     assert v4.rope_theta == v5.rope_theta == 5.0
     assert v4.head_dim == 4 and v4.num_key_value_heads == 2 and v4.attention_bias and not v4.qk_norm
 
@@ -169,7 +168,7 @@ def test_unsupported_configs_raise_naming_the_field(change, field):
         num_attention_heads=2,
     )
     with pytest.raises(qwen.ConfigError, match=field):
-        qwen.QwenConfig.from_hf_dict(dict(base, **change))
+        config_from_dict(dict(base, **change))
 
 
 def test_missing_config_field_is_named():
@@ -184,7 +183,7 @@ def test_missing_config_field_is_named():
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         incomplete = {k: v for k, v in complete.items() if k != field}
         with pytest.raises(qwen.ConfigError, match=field):
-            qwen.QwenConfig.from_hf_dict(incomplete)
+            config_from_dict(incomplete)
 
 
 def _random_attention_inputs(seed, batch=3, length=23, heads=4, kv_heads=2, dim=8):

@@ -158,7 +158,7 @@ def test_bad_input_exits_2_names_the_path_and_writes_nothing(trained, tmp_path, 
 
 
 def test_base_model_is_the_one_the_run_started_from(tmp_path):
-    """As loop.build_run picks it: warmstart_model after a warm-start, else model_name_or_path, else initial_model."""
+    """As build.build_run picks it: warmstart_model after a warm-start, else model_name_or_path, else initial_model."""
     script = load_script()
     run, model = tmp_path / "run", tmp_path / "model"
     (run / "warmstart_model").mkdir(parents=True)

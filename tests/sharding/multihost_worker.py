@@ -25,10 +25,11 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 from mathrl_jax import sharding as S  # noqa: E402
-from mathrl_jax.models import QwenConfig, QwenForCausalLM, forward, hf  # noqa: E402
+from mathrl_jax.models import QwenForCausalLM, forward, hf  # noqa: E402
+from mathrl_jax.models.hf_config import load_config  # noqa: E402
 
 assert jax.process_count() == 2 and len(jax.devices()) == 4 and len(jax.local_devices()) == 2
-config = QwenConfig.from_pretrained(checkpoint)
+config = load_config(checkpoint)
 mesh = S.make_mesh({"dp": 1, "fsdp": 2, "tp": 2}, num_attention_heads=config.num_attention_heads)
 rules = S.qwen_rules(config.num_key_value_heads, 2)
 state = hf.load_state(checkpoint, config, S.loader_sharding_fn(mesh, rules))

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 
 from mathrl_jax import sharding as S
 from mathrl_jax.models import QwenForCausalLM, forward, hf, tiny_config
+from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.sharding.rules import path_string
 
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
@@ -116,7 +117,7 @@ def test_hf_checkpoint_loads_straight_into_the_rule_shardings(tmp_path):
     write_tiny_checkpoint(directory, num_hidden_layers=2)
     mesh = S.make_mesh({"dp": 1, "fsdp": 2, "tp": 4})
     rules = S.qwen_rules(CONFIG.num_key_value_heads, 4)
-    config = hf.QwenConfig.from_pretrained(directory)
+    config = load_config(directory)
     state = hf.load_state(directory, config, S.loader_sharding_fn(mesh, rules))
     reference = nnx.state(hf.load_model(directory))
     for (path, got), (_, want) in zip(nnx.to_flat_state(state), nnx.to_flat_state(reference)):
@@ -141,3 +142,38 @@ def test_activation_constraints_split_batch_and_heads_under_a_mesh():
     assert placed.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "fsdp"), None, "tp", None)), 4)
     assert hidden.sharding.is_equivalent_to(NamedSharding(mesh, P(("dp", "fsdp"), None, None)), 3)
     assert odd_heads.shape == (8, 4, 3, 16)
+
+
+def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
+    """Under fsdp, XLA would return the norm weights (and their Adam moments) sharded over fsdp where their rule
+    replicates them; the next call would then compile the whole update again."""
+    from mathrl_jax.train.build import place_state
+    from mathrl_jax.train.state import create_train_state, make_optimizer
+    from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, make_update_fn
+
+    graphdef, params = nnx.split(QwenForCausalLM(CONFIG, rngs=nnx.Rngs(0)))
+    mesh = S.make_mesh({"dp": 1, "fsdp": 8, "tp": 1}, num_attention_heads=CONFIG.num_attention_heads)
+    rules = S.qwen_rules(CONFIG.num_key_value_heads, tp=1)
+    optimizer = make_optimizer(1e-3)
+    state = place_state(create_train_state(params, optimizer, seed=0), mesh, rules)
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, CONFIG.vocab_size, (8, 12)), jnp.int32)
+    attention = jnp.ones((8, 12), jnp.int32)
+    response = jnp.zeros((8, 12)).at[:, 6:].set(1.0)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "response_mask": response,
+        "old_logprobs": compute_logprobs_fn(graphdef)(params, ids, attention) * response,
+        "advantages": jnp.asarray(rng.normal(size=(8, 1)), jnp.float32) * response,
+    }
+    update = make_update_fn(
+        graphdef, optimizer, UpdateConfig(num_mini_batches=2), donate=False, state_shardings=shardings
+    )
+    with jax.set_mesh(mesh):
+        for _ in range(3):
+            state, _ = update(state, batch)
+    for (path, leaf), want in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree_util.tree_leaves(shardings)):
+        assert leaf.sharding.is_equivalent_to(want, leaf.ndim), (jax.tree_util.keystr(path), leaf.sharding, want)
+    assert update._cache_size() == 1

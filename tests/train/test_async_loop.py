@@ -6,7 +6,7 @@ import numpy as np
 
 from mathrl_jax.sampling.base import Rollouts
 from mathrl_jax.train.async_loop import collected_from_json, collected_to_json
-from mathrl_jax.train.loop import Collected
+from mathrl_jax.train.collect import Collected
 
 
 def awkward_batch():

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +164,67 @@ def test_nnx_state_restores_into_an_abstract_model_and_a_pure_dict(tmp_path):
     nnx.update(fresh, restored["params"])  # the restored state drives a model
     x = jnp.arange(4)
     np.testing.assert_array_equal(np.asarray(fresh.norm(fresh.embed(x))), np.asarray(model.norm(model.embed(x))))
+
+
+class LegacyState(NamedTuple):
+    """A TrainState-like pytree: params with a list, a chained optax Adam state, raw key data, Python scalars."""
+
+    params: dict
+    opt_state: tuple
+    rng: jax.Array
+    step: int
+    extra: tuple
+
+
+def _previous_layout(tree):
+    """`tree` as the previous Checkpointer stored it: every container a dict keyed by name (list and tuple
+    entries keyed "0", "1", ...; NamedTuple and dataclass fields by field name), NumPy scalars as 0-d arrays."""
+    root = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        *parents, last = [jax.tree_util.keystr((key,), simple=True) for key in path]
+        node = root
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[last] = np.array(leaf) if isinstance(leaf, np.generic) else leaf
+    return root
+
+
+def test_a_checkpoint_of_the_previous_layout_restores_bit_identically_into_the_target(tmp_path):
+    """Run directories written before the state was saved as it is (all dicts) stay resumable."""
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
+
+    def make(seed):
+        key = jax.random.key(seed)
+        params = {
+            "layers": [{"kernel": jax.random.normal(jax.random.fold_in(key, i), (3, 2))} for i in range(2)],
+            "embed": jnp.arange(8, dtype=jnp.bfloat16).reshape(4, 2) / 3,
+        }
+        opt_state = optimizer.init(params)
+        grads = jax.tree.map(lambda p: jnp.sin(p + seed), params)
+        _, opt_state = optimizer.update(grads, opt_state, params)  # nonzero Adam moments, count 1
+        rng = jax.random.key_data(jax.random.fold_in(key, 9))
+        extra = (np.float32(seed + 0.5), [2**40 + seed, seed % 2 == 0, 0.1 * seed])
+        return LegacyState(params, opt_state, rng, 7 + seed, extra)
+
+    state, target = make(1), make(2)
+    old = _previous_layout(state)
+    assert all(
+        isinstance(key, jax.tree_util.DictKey)
+        for path, _ in jax.tree_util.tree_flatten_with_path(old)[0]
+        for key in path
+    )
+    # Tuple entries and Adam's fields by name; the clip's EmptyState, without leaves, is not stored.
+    assert list(old["opt_state"]) == ["1"] and list(old["opt_state"]["1"]["0"]) == ["count", "mu", "nu"]
+    with Checkpointer(str(tmp_path), save_interval=1) as checkpointer:
+        checkpointer.save(3, old, {"data_position": 24})
+    with Checkpointer(str(tmp_path), save_interval=1) as checkpointer:
+        shapes = checkpointer.saved_shapes()
+        restored, metadata = checkpointer.restore(target)
+    assert metadata == {"data_position": 24}
+    assert_bit_identical(restored, state)  # the target's structure: NamedTuples, tuples, lists, Python scalars
+    assert isinstance(restored.opt_state[1][0], optax.ScaleByAdamState) and int(restored.opt_state[1][0].count) == 1
+    assert set(shapes) == {"/".join(map(str, p)) for p in _paths(state)}
+    assert shapes["rng"] == ((2,), np.dtype(np.uint32))
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from mathrl_jax.configs import default
 from mathrl_jax.data import arithmetic
 from mathrl_jax.models import QwenForCausalLM, export_checkpoint, write_tiny_checkpoint
 from mathrl_jax.train import loop, sft
+from mathrl_jax.train.codec import TextCodec
 
 # One-digit a+b / a-b (155 distinct problems): a small model memorises them in seconds.
 LEVEL = 1
@@ -51,7 +52,7 @@ def warm_dir(tmp_path_factory):
         num_key_value_heads=1,
         head_dim=32,
     )
-    codec = loop.TextCodec(initial)
+    codec = TextCodec(initial)
     problems = arithmetic.arithmetic_problems(2000, seed=1, level=LEVEL, question_format="{expr}=")
     model = QwenForCausalLM(config, rngs=nnx.Rngs(0))
     state = sft.supervised_warmstart(

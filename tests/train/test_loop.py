@@ -11,7 +11,7 @@ import pytest
 
 from mathrl_jax.configs import default
 from mathrl_jax.models import write_tiny_checkpoint
-from mathrl_jax.train import loop
+from mathrl_jax.train import batch, build, collect, loop, problems, validation, warmstart
 
 DIGITS = set("0123456789")
 
@@ -126,12 +126,10 @@ def test_async_with_zero_offpolicyness_reproduces_the_synchronous_loop(model_dir
     asynchronous, async_history = run_and_record(config)
     assert all(m["async/staleness"] == 0 for _, m in async_history)
 
-    class Inline(loop.SyncRollouts):  # the same algorithm, rollouts made inline with the current weights
+    class Inline(collect.SyncRollouts):  # the same algorithm, rollouts made inline with the current weights
         pass
 
-    import mathrl_jax.train.async_loop as async_loop
-
-    monkeypatch.setattr(async_loop, "AsyncRollouts", Inline)
+    monkeypatch.setitem(loop.ROLLOUT_SOURCES, "async", Inline)
     synchronous, _ = run_and_record(
         small_config(model_dir, tmp_path / "sync", algorithm_name="async_ppo", num_iterations=3)
     )
@@ -243,12 +241,12 @@ def test_multi_turn_guess_number_with_rebn(model_dir, tmp_path):
 
 def test_shuffled_rewards_are_a_seeded_permutation_within_the_batch():
     scores = np.arange(64, dtype=np.float32)
-    shuffled = loop.shuffled_rewards(scores, seed=0, iteration=3)
+    shuffled = batch.shuffled_rewards(scores, seed=0, iteration=3)
     np.testing.assert_array_equal(np.sort(shuffled), scores)  # the same rewards, so the same distribution
     assert np.mean(shuffled == scores) < 0.2  # ... on other responses
-    np.testing.assert_array_equal(shuffled, loop.shuffled_rewards(scores, seed=0, iteration=3))
-    assert not np.array_equal(shuffled, loop.shuffled_rewards(scores, seed=0, iteration=4))
-    assert not np.array_equal(shuffled, loop.shuffled_rewards(scores, seed=1, iteration=3))
+    np.testing.assert_array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=3))
+    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=4))
+    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=1, iteration=3))
 
 
 def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(model_dir, tmp_path):
@@ -287,8 +285,8 @@ def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(mode
 )
 def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, model_dir, tmp_path):
     config = small_config(model_dir, tmp_path / "bad", **overrides)
-    with pytest.raises(loop.TrainingError, match=message):
-        loop.validate_config(config)
+    with pytest.raises(validation.TrainingError, match=message):
+        validation.validate_config(config)
 
 
 @pytest.mark.parametrize(
@@ -300,10 +298,10 @@ def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, m
 )
 def test_the_teacher_needs_its_task(overrides, message, model_dir, tmp_path):
     config = small_config(model_dir, tmp_path / "bad", **{"warmstart.steps": 5, **overrides})
-    with pytest.raises(loop.TrainingError, match=message):
-        loop.check_warmstart_data(config)
+    with pytest.raises(validation.TrainingError, match=message):
+        problems.check_warmstart_data(config)
     config.warmstart.targets = "answer"  # imitating the gold answers works on any data
-    loop.check_warmstart_data(config)
+    problems.check_warmstart_data(config)
 
 
 def test_a_reused_warmstart_must_match_the_settings(model_dir, tmp_path):
@@ -312,19 +310,19 @@ def test_a_reused_warmstart_must_match_the_settings(model_dir, tmp_path):
     config = small_config(model_dir, tmp_path / "run", **{"warmstart.steps": 5})
     directory = tmp_path / "warm"
     directory.mkdir()
-    loop._check_reused_warmstart(config, str(directory))  # no record (an older run): reused as it is
+    warmstart.check_reused_warmstart(config, str(directory))  # no record (an older run): reused as it is
     record = {"seed": config.seed, **config.warmstart.to_dict()}
-    (directory / loop.WARMSTART_RECORD).write_text(json.dumps(record))
-    loop._check_reused_warmstart(config, str(directory))
+    (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
+    warmstart.check_reused_warmstart(config, str(directory))
     config.warmstart.slip_rate = 0.5
-    with pytest.raises(loop.TrainingError, match="slip_rate: 0.7 -> 0.5"):
-        loop._check_reused_warmstart(config, str(directory))
+    with pytest.raises(validation.TrainingError, match="slip_rate: 0.7 -> 0.5"):
+        warmstart.check_reused_warmstart(config, str(directory))
 
 
 def test_a_control_never_resumes_the_real_run(model_dir, tmp_path):
     run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
-    with pytest.raises(loop.TrainingError, match="shuffle_rewards: False -> True"):
-        loop.build_run(small_config(model_dir, tmp_path / "run", num_iterations=2, shuffle_rewards=True))
+    with pytest.raises(validation.TrainingError, match="shuffle_rewards: False -> True"):
+        build.build_run(small_config(model_dir, tmp_path / "run", num_iterations=2, shuffle_rewards=True))
 
 
 def test_remat_trains_as_without_it(model_dir, tmp_path):
@@ -355,8 +353,8 @@ def test_a_prm_that_cannot_serve_stops_the_run_before_anything_is_written(case, 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("a user's file")
-    with pytest.raises(loop.TrainingError, match=expected):
-        loop.build_run(small_config(model_dir, run_dir, **overrides))
+    with pytest.raises(validation.TrainingError, match=expected):
+        build.build_run(small_config(model_dir, run_dir, **overrides))
     assert sorted(os.listdir(run_dir)) == ["notes.txt"]
 
 
@@ -365,14 +363,14 @@ def test_a_too_long_prompt_leaves_the_run_directory_as_it_was(own_model, model_d
     config = small_config(model_dir, tmp_path / "run", max_prompt_length=3)  # "12+34=" is 6 tokens
     if not own_model:  # the tiny offline model, written into the run directory first
         config.model_name_or_path = ""
-    with pytest.raises(loop.TrainingError, match="max_prompt_length=3"):
-        loop.build_run(config)
+    with pytest.raises(validation.TrainingError, match="max_prompt_length=3"):
+        build.build_run(config)
     assert not os.path.exists(tmp_path / "run")
 
 
 def test_out_of_memory_names_the_options_that_size_the_batch(model_dir, tmp_path):
     config = small_config(model_dir, tmp_path / "oom", micro_batch_size=4)
-    with pytest.raises(loop.TrainingError, match=r"micro_batch_size \(now 4.*max_new_tokens \(4\)"):
+    with pytest.raises(validation.TrainingError, match=r"micro_batch_size \(now 4.*max_new_tokens \(4\)"):
         with loop.out_of_memory_hint(config, 32):
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 39939927136 bytes.")
     with pytest.raises(ValueError, match="unrelated"):  # any other error passes through unchanged

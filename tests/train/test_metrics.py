@@ -1,5 +1,6 @@
-"""MetricsLogger (tensorboard events read back record by record, the JSONL log), Progress,
-pass@k against brute force, and scripts/plot_metrics.py end to end."""
+"""MetricsLogger (tensorboard events read back record by record, the JSONL log, a resumed run's records),
+Progress, pass@k against brute force, scripts/plot_metrics.py end to end, and METRIC_NAMES against what short
+real training runs log."""
 
 import importlib.util
 import io
@@ -22,8 +23,10 @@ from tensorboardX.proto import event_pb2
 
 from mathrl_jax.train.metrics import (
     METRIC_NAMES,
+    RESERVED_KEYS,
     MetricsLogger,
     Progress,
+    documented_name,
     pass_at_k,
     read_jsonl_metrics,
 )
@@ -51,9 +54,8 @@ def masked(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def read_events(logdir):
-    """[(tag, step, value)] of every scalar in the event files of `logdir`, CRCs checked."""
-    scalars = []
+def iter_events(logdir):
+    """Every Event of the event files of `logdir`, file by file in name order, CRCs checked."""
     files = sorted(f for f in os.listdir(logdir) if f.startswith("events.out.tfevents"))
     assert files, os.listdir(logdir)
     for name in files:
@@ -69,10 +71,14 @@ def read_events(logdir):
             (data_crc,) = struct.unpack("<I", blob[offset + 12 + length : offset + 16 + length])
             assert data_crc == masked(crc32c(data))
             offset += 16 + length
-            event = event_pb2.Event.FromString(data)
-            for value in event.summary.value:
-                scalars.append((value.tag, event.step, value.simple_value))
-    return scalars
+            yield event_pb2.Event.FromString(data)
+
+
+def read_events(logdir):
+    """[(tag, step, value)] of every scalar in the event files of `logdir`, CRCs checked."""
+    return [
+        (value.tag, event.step, value.simple_value) for event in iter_events(logdir) for value in event.summary.value
+    ]
 
 
 def test_crc32c_matches_the_standard_check_value():
@@ -142,6 +148,51 @@ def test_a_resumed_run_appends_and_other_processes_write_nothing(tmp_path):
     assert not other.exists()
 
 
+def test_a_logger_resumed_from_a_step_drops_the_records_after_it(tmp_path):
+    with MetricsLogger(str(tmp_path)) as logger:  # the interrupted run: steps 1..5, its last checkpoint at 3
+        for step in range(1, 6):
+            logger.log(step, {"train/loss": float(step), "rollout/accuracy": step / 10})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "train/lo')  # and killed while writing step 6
+
+    with MetricsLogger(str(tmp_path), resumed_from=3) as logger:
+        # Rewritten before the first log: a crash now leaves a clean run of steps 1..3.
+        assert [r["step"] for r in read_jsonl_metrics(str(tmp_path))] == [1, 2, 3]
+        for step in range(4, 7):
+            logger.log(step, {"train/loss": 10.0 * step, "rollout/accuracy": 0.5})
+
+    records = read_jsonl_metrics(str(tmp_path))
+    assert [(r["step"], r["train/loss"]) for r in records] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
+        (6, 60.0),
+    ]
+    assert [f for f in os.listdir(tmp_path) if not f.startswith("events.out.tfevents")] == ["metrics.jsonl"]
+    # tensorboard: the old event file is not rewritten; the new one starts with a purge marker at step 4, which
+    # makes TensorBoard hide the old file's scalars of steps >= 4.
+    starts = [e.step for e in iter_events(str(tmp_path)) if e.session_log.status == event_pb2.SessionLog.START]
+    assert starts == [4]
+
+    # Resumed from the last step logged, or a later one: nothing to drop, and the file is not rewritten.
+    mtime = os.stat(tmp_path / "metrics.jsonl").st_mtime_ns
+    MetricsLogger(str(tmp_path), tensorboard=False, resumed_from=6).close()
+    MetricsLogger(str(tmp_path), tensorboard=False, resumed_from=9).close()
+    assert os.stat(tmp_path / "metrics.jsonl").st_mtime_ns == mtime
+    assert read_jsonl_metrics(str(tmp_path)) == records
+    # A run that starts over (resumed from 0) keeps the step-0 records; another process changes nothing.
+    with MetricsLogger(str(tmp_path), tensorboard=False) as logger:
+        logger.log(0, {"eval/accuracy": 0.1})
+    MetricsLogger(str(tmp_path), tensorboard=False, resumed_from=0, main_process=False).close()
+    assert [r["step"] for r in read_jsonl_metrics(str(tmp_path))] == [1, 2, 3, 4, 5, 6, 0]
+    MetricsLogger(str(tmp_path), tensorboard=False, resumed_from=0).close()
+    assert [(r["step"], r["eval/accuracy"]) for r in read_jsonl_metrics(str(tmp_path))] == [(0, 0.1)]
+    with pytest.raises(ValueError, match="resumed_from=-1"):
+        MetricsLogger(str(tmp_path), resumed_from=-1)
+
+
 @pytest.mark.parametrize(
     "step, metrics, error, words",
     [
@@ -197,7 +248,9 @@ def test_metric_names_cover_the_reference_names():
     ]
     assert set(required) <= set(METRIC_NAMES)
     for name, meaning in METRIC_NAMES.items():
-        assert name.split("/")[0] in {"rollout", "train", "eval", "perf"} and meaning, name
+        assert name.split("/")[0] in {"rollout", "train", "eval", "perf", "async", "dapo", "warmstart"} and meaning, (
+            name
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,3 +433,139 @@ def test_default_panels_skip_flat_and_unlogged_metrics(tmp_path):
     out = plot_metrics.plot_run(str(run))
     assert png_size(out)[0] > 100
     assert plot_metrics.plot_run(str(run), str(tmp_path / "all.png"), ["all"]) == str(tmp_path / "all.png")
+
+
+# --------------------------------------------------------------------------------------------
+# METRIC_NAMES is what the training loop logs: short real runs of each family of algorithms
+# --------------------------------------------------------------------------------------------
+
+MODEL = "<the tiny model>"  # replaced by the tiny checkpoint's directory
+
+CHEAP = {
+    "n_rollout_threads": 4,
+    "group_size": 2,
+    "num_eval_problems": 4,
+    "num_iterations": 2,
+    "num_mini_batch": 2,
+    "eval_interval": 2,  # evaluations at 0 and at the end, both with samples: eval/pass@1, eval/pass@2
+    "eval_n_samples": 2,
+    "num_logged_samples": 0,
+    "export_final": False,
+}
+
+RUNS = {
+    # The GRPO family (grpo, drgrpo and single-turn reinforce_rebn log the same keys), with the KL to the
+    # reference (train/kl) and a checkpoint at each iteration.
+    "grpo": {"kl_coef": 0.01, "save_interval": 1},
+    # A critic (train/value_*; ppo and tppo log the same), APPO's action-level ratio, PRM step rewards.
+    "appo_prm": {
+        "algorithm_name": "appo",
+        "reward_source": "prm+verifier",
+        "prm_model_name_or_path": MODEL,
+        "prm.step_tag": "@",
+        "step_separator": "+",
+    },
+    # DAPO's filter (dapo/kept_fraction), after a one-step supervised warm-start (warmstart/*).
+    "dapo": {
+        "algorithm_name": "dapo",
+        "clip_high": 0.28,
+        "dapo.success_rate_lb": -0.1,
+        "warmstart.steps": 1,
+        "warmstart.batch_size": 4,
+        "warmstart.targets": "answer",
+    },
+    "async_ppo": {"algorithm_name": "async_ppo", "max_head_offpolicyness": 1},  # the decoupled loss's behaviour_*
+    # Multi-turn episodes (rollout/episode_*), ReBN advantages, padded rows; no evaluation (as the recipe).
+    "reinforce_rebn_multiturn": {
+        "algorithm_name": "reinforce_rebn",
+        "env_name": "guess_number",
+        "prompt_template": "chat",
+        "gamma": 0.9,
+        "group_size": 1,
+        "n_rollout_threads": 2,
+        "episode_length": 2,
+        "max_new_tokens": 8,
+        "max_prompt_length": 600,
+        "eval_interval": 0,
+    },
+}
+DEFAULT_RUN = "grpo"  # the one the default test run trains; the others are slow
+
+# Documented names that none of RUNS logs, each with the reason it cannot be produced cheaply here. Keep it short:
+# every other name must be logged by some run. (Conditional counters such as rollout/grader_timeouts are logged as 0
+# when nothing happened, so they need no entry.)
+NOT_LOGGED_BY_RUNS: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def logged_keys(tmp_path_factory):
+    """`logged_keys(run)`: every metric name that the run of RUNS[run] passed to `on_metrics` or wrote to
+    metrics.jsonl (each run trained once per module)."""
+    from mathrl_jax.train import loop
+    from tests.train.test_loop import small_config, tiny_dir
+
+    model_dir = tiny_dir(str(tmp_path_factory.mktemp("model")))
+    root = tmp_path_factory.mktemp("runs")
+    cache = {}
+
+    def get(run):
+        if run not in cache:
+            overrides = {k: model_dir if v == MODEL else v for k, v in {**CHEAP, **RUNS[run]}.items()}
+            config = small_config(model_dir, root / run, **overrides)
+            keys = set()
+            loop.train(config, on_metrics=lambda iteration, metrics: keys.update(metrics))
+            for record in read_jsonl_metrics(config.run_dir):
+                keys.update(k for k in record if k not in RESERVED_KEYS)
+            cache[run] = (config, keys)
+        return cache[run]
+
+    return get
+
+
+def test_documented_name_knows_the_families():
+    assert documented_name("train/policy_loss") == "train/policy_loss"
+    assert documented_name("eval/pass@1") == documented_name("eval/pass@16") == "eval/pass@{k}"
+    for name in ("eval/pass@{k}", "eval/pass@", "eval/pass@0", "eval/pass@k", "eval/pass@4x", "train/lr_step", "x"):
+        assert documented_name(name) is None, name
+
+
+@pytest.mark.parametrize("run", [r if r == DEFAULT_RUN else pytest.param(r, marks=pytest.mark.slow) for r in RUNS])
+def test_every_metric_the_training_loop_logs_is_documented(run, logged_keys):
+    _, keys = logged_keys(run)
+    assert {"rollout/rewards", "train/policy_loss", "train/update_step"} <= keys, sorted(keys)
+    undocumented = sorted(k for k in keys if documented_name(k) is None)
+    assert not undocumented, f"the {run} run logs metrics that METRIC_NAMES does not document: {undocumented}"
+
+
+@pytest.mark.slow
+def test_every_documented_metric_is_logged_by_some_run(logged_keys):
+    logged = {documented_name(k) for run in RUNS for k in logged_keys(run)[1]}
+    assert set(NOT_LOGGED_BY_RUNS) <= set(METRIC_NAMES)
+    assert not set(NOT_LOGGED_BY_RUNS) & logged, "logged after all: remove it from NOT_LOGGED_BY_RUNS"
+    never = sorted(set(METRIC_NAMES) - logged - set(NOT_LOGGED_BY_RUNS))
+    assert not never, f"METRIC_NAMES documents metrics that no run logs: {never}"
+
+
+@pytest.mark.slow
+def test_a_resumed_training_run_logs_each_step_once(logged_keys, tmp_path):
+    """The default run, as if killed after its checkpoint of iteration 1 but after logging iteration 2: resumed,
+    it logs iteration 2 again, and metrics.jsonl holds that record once, the new one."""
+    import shutil
+
+    from mathrl_jax.train import loop
+
+    config, _ = logged_keys(DEFAULT_RUN)
+    before = read_jsonl_metrics(config.run_dir)
+    assert [r["step"] for r in before] == [0, 1, 2]  # the first evaluation, 2 iterations
+    run_dir = tmp_path / "run"
+    shutil.copytree(config.run_dir, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "2")
+    config = config.copy_and_resolve_references()
+    config.run_dir = str(run_dir)
+    history = []
+    loop.train(config, on_metrics=lambda iteration, metrics: history.append((iteration, metrics)))
+    assert [i for i, _ in history] == [2]
+    after = read_jsonl_metrics(str(run_dir))
+    assert [r["step"] for r in after] == [0, 1, 2]
+    assert after[:2] == before[:2]
+    assert after[2]["time"] > before[2]["time"] and after[2]["train/policy_loss"] == history[0][1]["train/policy_loss"]

@@ -17,9 +17,10 @@ import optax
 import pytest
 from flax import nnx
 
+from mathrl_jax import losses
 from mathrl_jax.configs import openr_appo, openr_tppo
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
-from mathrl_jax.train import loop, rollout
+from mathrl_jax.train import build, codec, problems, rollout, validation
 from mathrl_jax.train.state import create_train_state
 from mathrl_jax.train.update import critic_values, make_update_fn, minibatch_order, policy_logprobs
 
@@ -226,7 +227,7 @@ def test_one_update_equals_openr(algorithm):
     update = make_update_fn(
         policy_graphdef,
         optimizer,
-        loop.update_config(config),
+        build.update_config(config),
         critic_graphdef=critic_graphdef,
         critic_optimizer=optimizer,
         donate=False,
@@ -271,8 +272,6 @@ def test_the_appo_critic_is_trained_on_each_steps_first_token():
         action_rewards=jnp.array([[0.0, 1.0]]),
         whiten=False,
     )
-    from mathrl_jax import losses
-
     loss, _ = losses.clipped_value_loss(old + 0.1, out["old_values"], out["returns"], out["value_mask"])
     assert float(loss) == pytest.approx(0.1625, abs=1e-6)
     np.testing.assert_array_equal(out["value_mask"], [[0, 1, 0, 1, 0]])
@@ -360,7 +359,7 @@ def qwen2_style_codec(tmp_path_factory):
     transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>").save_pretrained(
         directory
     )
-    return loop.TextCodec(str(directory))
+    return codec.TextCodec(str(directory))
 
 
 def text_steps(text, separator):
@@ -386,7 +385,7 @@ def test_steps_split_where_the_text_has_the_separator_under_a_qwen2_style_tokeni
     if text.startswith("First"):
         # The tokenizer merged the separator into `.\n\n` / `:\n\n`: the last token of encode("\n\n") ends no step.
         assert any(p.endswith(separator) and p != separator for p in pieces)
-        by_token = rollout.action_index_from_separators(
+        by_token = losses.action_index_from_separators(
             jnp.asarray([ids]), jnp.ones((1, len(ids))), codec.encode(separator)[-1:]
         )
         assert int(by_token.max()) + 1 < len(text_steps(text, separator))
@@ -404,11 +403,11 @@ def test_a_math_subject_as_dataset_name_keeps_that_subjects_problems(tmp_path):
     config = default.get_config()
     config.update(dataset_path=str(path), dataset_name="counting_and_probability", num_eval_problems=5)
     config.algorithm_name = "APPO"
-    loop.validate_config(config)
+    validation.validate_config(config)
     assert config.algorithm_name == "appo"
-    train, held_out = loop.load_data(config)
+    train, held_out = problems.load_data(config)
     assert len(train) + len(held_out) == 20
     assert {p.subject for p in train + held_out} == {"Counting & Probability"}
     config.dataset_name = "geometry"
-    with pytest.raises(loop.TrainingError, match="counting_and_probability"):
-        loop.load_data(config)
+    with pytest.raises(validation.TrainingError, match="counting_and_probability"):
+        problems.load_data(config)

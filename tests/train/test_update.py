@@ -166,10 +166,10 @@ def test_learning_rate_schedules():
 
 def test_last_token_rewards_and_action_indices():
     mask = jnp.asarray([[0, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]], jnp.float32)
-    rewards = rollout.last_token_rewards(jnp.asarray([2.0, 5.0, -1.0]), mask)
+    rewards = losses.last_token_rewards(jnp.asarray([2.0, 5.0, -1.0]), mask)
     np.testing.assert_array_equal(rewards, [[0, 0, 0, 2, 0], [0, 0, 0, 0, 0], [0, -1, 0, 0, 0]])
     ids = jnp.asarray([[9, 4, 7, 4, 5, 5]])
-    index = rollout.action_index_from_separators(ids, jnp.ones((1, 6)), [4])
+    index = losses.action_index_from_separators(ids, jnp.ones((1, 6)), [4])
     np.testing.assert_array_equal(index, [[0, 0, 1, 1, 2, 2]])  # a separator ends its own step
 
 
@@ -196,8 +196,8 @@ def test_action_level_gae_matches_a_per_action_numpy_recursion():
     index = jnp.asarray([[0, 0, 0, 1, 1, 2, 2, 2, 0, 0]])
     mask = jnp.asarray([[1, 1, 1, 1, 1, 1, 1, 1, 0, 0]], jnp.float32)
     values = jnp.asarray(rng.normal(size=(1, 10)), jnp.float32)
-    token_rewards = rollout.last_token_rewards(jnp.asarray([1.5]), mask)
-    adv, ret, value_mask = rollout.action_level_gae(
+    token_rewards = losses.last_token_rewards(jnp.asarray([1.5]), mask)
+    adv, ret, value_mask = losses.action_level_gae(
         token_rewards, values, index, mask, max_actions=4, gamma=0.9, lam=0.8
     )
     action_values = np.asarray(values)[0, [0, 3, 5]]

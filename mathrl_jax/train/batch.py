@@ -1,0 +1,141 @@
+"""From graded rollouts to the update's batch: padded arrays, recomputed log-probs and values, advantages."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mathrl_jax.sampling.jax_sampler import bucket
+from mathrl_jax.train import rollout as rollout_lib
+from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.run import Run
+
+
+def action_indices(run: Run, rollouts) -> List[np.ndarray]:
+    """Per completion, `[len]` int32: the reasoning step (action) of each token, split at `step_separator` in
+    the tokens' text (`rollout.action_index_from_text`): the actions APPO / TPPO train on and the steps the
+    PRM scores. Without a separator each completion is one action."""
+    separator = run.config.step_separator
+    if not separator:
+        return [np.zeros(len(ids), np.int32) for ids in rollouts.completion_ids]
+    return [
+        rollout_lib.action_index_from_text([run.codec.token_text(t) for t in ids], separator)
+        for ids in rollouts.completion_ids
+    ]
+
+
+def batch_columns(config, rollouts) -> int:
+    """Columns of the trainer's batch: the longest prompt + completion, rounded up to a power of two (a
+    handful of shapes to compile), at most `max_prompt_length + max_new_tokens`. A multi-turn run's rows
+    are far shorter than that budget, and every pass costs (and its attention holds) columns squared."""
+    needed = max(len(p) for p in rollouts.prompt_ids) + max([len(x) for x in rollouts.completion_ids] + [1])
+    return min(bucket(needed, 16), config.max_prompt_length + config.max_new_tokens)
+
+
+def prepare_batch(
+    run: Run, rollouts, scores: np.ndarray, *, params=None, action_rewards=None, row_advantages=None, row_mask=None
+) -> Dict[str, Any]:
+    """The update's batch: padded arrays, recomputed old / reference log-probs, values, advantages."""
+    c = run.config
+    params = run.state.params if params is None else params
+    correct = scores >= c.reward.correct if c.reward.correct > c.reward.incorrect else scores > 0
+    lengths = rollouts.completion_lengths
+    row_mask = np.ones(len(rollouts), np.float32) if row_mask is None else np.asarray(row_mask, np.float32)
+    metrics: Dict[str, float] = {}
+    if c.algorithm_name == "dapo":
+        scores = scores + rollout_lib.overlong_penalty(
+            lengths,
+            max_new_tokens=c.max_new_tokens,
+            buffer_len=c.dapo.overlong_buffer_len,
+            penalty_factor=c.dapo.overlong_penalty_factor,
+        )
+        keep = rollout_lib.dapo_group_filter(
+            correct.astype(np.float32),
+            rollouts.prompt_indices,
+            success_rate_lb=c.dapo.success_rate_lb,
+            success_rate_ub=c.dapo.success_rate_ub,
+        )
+        row_mask = keep.astype(np.float32)
+        metrics["dapo/kept_fraction"] = float(keep.mean())
+    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=batch_columns(c, rollouts))
+    arrays.pop("prompt_length")
+    sampler_logprobs = arrays.pop("sampler_logprobs")
+    batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
+    with mesh_context(run):
+        old = run.logprobs(params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+        ref = None
+        if run.ref_params is not None:
+            ref = run.logprobs(run.ref_params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+        values = None
+        if run.values is not None:
+            values = run.values(run.state.critic_params, batch["input_ids"], batch["attention_mask"])
+    if c.algorithm_name == "async_ppo":  # decoupled: behaviour = the sampler's, proximal = the learner's now
+        batch["old_logprobs"] = jnp.asarray(arrays["old_logprobs"])
+        batch["proximal_logprobs"] = old
+    else:
+        batch["old_logprobs"] = old
+    if ref is not None:
+        batch["ref_logprobs"] = ref
+    if row_advantages is not None:  # the source made them (multi-turn ReBN)
+        response_mask = batch["response_mask"] * jnp.asarray(row_mask)[:, None]
+        batch.update(
+            response_mask=response_mask,
+            advantages=update_lib.losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask),
+        )
+        return batch, metrics
+    action_index = None
+    if c.algorithm_name in ("appo", "tppo"):
+        rows = action_indices(run, rollouts)
+        prompt_length = max(len(p) for p in rollouts.prompt_ids)
+        action_index = np.zeros(batch["input_ids"].shape, np.int32)
+        for row, index in enumerate(rows):
+            action_index[row, prompt_length : prompt_length + len(index)] = index
+        action_index = jnp.asarray(action_index)
+        if action_rewards is not None:
+            action_rewards = jnp.asarray(action_rewards)
+    advantages = rollout_lib.compute_advantages(
+        c.algorithm_name,
+        batch,
+        jnp.asarray(scores),
+        group_ids=jnp.asarray(rollouts.prompt_indices),
+        num_groups=int(rollouts.prompt_indices.max()) + 1,
+        row_mask=jnp.asarray(row_mask),
+        values=values,
+        ref_logprobs=ref,
+        kl_reward_coef=c.kl_reward_coef,
+        gamma=c.gamma,
+        lam=c.lam,
+        action_index=action_index,
+        action_rewards=action_rewards,
+        whiten=c.advantage_whitening == "batch",
+    )
+    batch.update(advantages)
+    plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
+    mask = np.asarray(batch["response_mask"]) > 0
+    if plain_sampling and mask.any():  # sampler vs trainer log-probs of the same tokens: a health check
+        metrics["rollout/sampler_logprob_diff"] = float(np.abs(np.asarray(old) - sampler_logprobs)[mask].mean())
+    return batch, metrics
+
+
+@contextlib.contextmanager
+def mesh_context(run: Run):
+    if run.mesh is not None and run.mesh.size > 1:
+        with jax.set_mesh(run.mesh):
+            yield
+    else:
+        yield
+
+
+def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarray:
+    """The control run's rewards: the batch's own `[N]` scores in a random order (a function of seed and
+    iteration, so a resumed control shuffles as an uninterrupted one).
+
+    Same reward distribution, no information about which response earned which:
+    whatever a policy learns from these, it does not learn from the verifier.
+    """
+    order = np.random.default_rng([seed, iteration, 0x5EED]).permutation(len(scores))
+    return np.asarray(scores)[order]

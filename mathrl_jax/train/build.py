@@ -1,0 +1,301 @@
+"""`build_run(config)`: checks every input a config names before writing anything, then builds the run:
+models, sampler, data, optimizers, and the state restored from the latest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mathrl_jax import sharding
+from mathrl_jax.data import sources
+from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
+from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
+from mathrl_jax.sampling import JaxSampler
+from mathrl_jax.train import algorithms
+from mathrl_jax.train import state as state_lib
+from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.collect import SerialGrader
+from mathrl_jax.train.metrics import MetricsLogger
+from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data
+from mathrl_jax.train.run import RewardFn, Run
+from mathrl_jax.train.validation import TrainingError, fail, num_iterations, validate_config
+from mathrl_jax.train.warmstart import warm_start, write_atomically
+
+
+def _model_dir(config, run_dir: str) -> str:
+    if config.model_name_or_path:
+        return config.model_name_or_path
+    directory = os.path.join(run_dir, "initial_model")
+    if not os.path.isdir(directory):
+        write_atomically(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
+    return directory
+
+
+def _check_model_path(config) -> None:
+    path = config.model_name_or_path
+    if path:
+        if not os.path.isdir(path):
+            fail(f"model_name_or_path {path!r} is not a local directory (no downloads: give a local checkpoint)")
+        try:
+            hf_config.load_config(path)
+        except (qwen.ConfigError, OSError, ValueError) as error:
+            fail(f"model_name_or_path {path!r}: {error}")
+
+
+def load_prm(config):
+    """The process reward model of `prm_model_name_or_path`, loaded before the run directory is written, so a
+    PRM that cannot serve (architecture, tokenizer, a step tag or label that is not one token) stops the run
+    with the option to change and leaves the run directory as it was."""
+    from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
+
+    path = config.prm_model_name_or_path
+    prm_config = PRMConfig(
+        step_tag=config.prm.step_tag,
+        candidate_tokens=tuple(config.prm.candidate_tokens),
+        step_separator=config.step_separator,
+        reward_mode="steps",
+    )
+    try:
+        return ProcessRewardModel.from_pretrained(path, prm_config)
+    except (qwen.ConfigError, hf.CheckpointError) as error:
+        fail(
+            f"--config.prm_model_name_or_path={path!r} cannot be loaded as a PRM: {error} (the PRM must be a "
+            "Qwen2 / Qwen2.5 / Qwen3-architecture checkpoint)"
+        )
+    except (OSError, ValueError) as error:
+        fail(
+            f"the PRM at --config.prm_model_name_or_path={path!r} cannot score with --config.prm.step_tag="
+            f"{config.prm.step_tag!r} and --config.prm.candidate_tokens={tuple(config.prm.candidate_tokens)}: "
+            f"{error}"
+        )
+
+
+def update_config(config) -> update_lib.UpdateConfig:
+    """The update's static settings for a run's config."""
+    alg = config.algorithm_name
+    policy_loss = algorithms.ALGORITHMS[alg].policy_loss
+    if policy_loss == "action_ppo" and not config.appo_action_ratio:
+        policy_loss = "ppo"  # APPO with token-level ratios and the step's advantage on each token
+    whitening = None
+    if config.advantage_whitening == "openr" and alg in ("appo", "tppo"):
+        whitening = "actions" if alg == "appo" else "nonzero"
+    return update_lib.UpdateConfig(
+        ppo_epochs=config.ppo_epoch,
+        num_mini_batches=config.num_mini_batch,
+        micro_batch_size=config.micro_batch_size or None,
+        policy_loss=policy_loss,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        clip_c=config.clip_c,
+        behaviour_weight_cap=config.behaviour_weight_cap,
+        loss_agg_mode=config.loss_agg_mode,
+        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
+        entropy_coef=config.entropy_coef,
+        kl_coef=config.kl_coef,
+        kl_kind=config.kl_kind,
+        target_kl=config.target_kl,
+        temperature=config.temperature,
+        value_clip=config.value_clip,
+        value_loss_type=config.value_loss_type,
+        huber_delta=config.huber_delta,
+        minibatch_whitening=whitening,
+    )
+
+
+def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
+    """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
+    validate_config(config)
+    train_problems, eval_problems = load_data(config)
+    check_warmstart_data(config)
+    _check_model_path(config)
+    if config.prm_model_name_or_path and not os.path.isdir(config.prm_model_name_or_path):
+        fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
+    if config.sampler == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            fail("sampler='vllm' needs vllm (pip install -e '.[vllm]' on a GPU machine); use sampler='jax'")
+    if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
+        check_prompts(config, TextCodec(config.model_name_or_path), train_problems, eval_problems)
+    prm = load_prm(config) if "prm" in config.reward_source else None
+    # From here on the run directory is written.
+    run_dir = config.run_dir
+    existed = os.path.isdir(run_dir)
+    initial = os.path.join(run_dir, "initial_model")
+    had_initial = os.path.isdir(initial)
+    os.makedirs(run_dir, exist_ok=True)
+    model_dir = _model_dir(config, run_dir)
+    codec = TextCodec(model_dir)
+    try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
+        check_prompts(config, codec, train_problems, eval_problems)
+    except TrainingError:
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif not had_initial:
+            shutil.rmtree(initial, ignore_errors=True)
+        raise
+    eval_prompts = encode_prompts(config, codec, eval_problems)
+    eval_golds = [p.answer for p in eval_problems]
+    grader = SerialGrader(
+        MathGrader(
+            RewardValues(
+                config.reward.correct, config.reward.incorrect, config.reward.no_answer, config.reward.format_reward
+            ),
+            timeout_s=config.reward.timeout_s,
+            num_workers=config.reward.num_workers,
+        )
+    )
+    sampler_args = dict(eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
+    start_dir, warm_metrics = warm_start(
+        config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
+    )
+
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+    model = hf.load_model(start_dir, param_dtype=config.param_dtype, dtype=config.dtype, remat=config.remat)
+    rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
+    graphdef, params = nnx.split(model)
+    params = sharding.shard_tree(params, mesh, rules)
+    total = num_iterations(config)
+    alg = config.algorithm_name
+    needs_critic = algorithms.ALGORITHMS[alg].critic
+    optimizer = state_lib.make_optimizer(
+        config.lr,
+        schedule=config.lr_schedule,
+        warmup_steps=config.warmup_steps,
+        total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch),
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        eps=config.adam_eps,
+    )
+    critic_graphdef = critic_params = critic_optimizer = None
+    if needs_critic:
+        critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
+        critic_graphdef, critic_params = nnx.split(critic)
+        critic_params = sharding.shard_tree(critic_params, mesh, rules)
+        critic_optimizer = state_lib.make_optimizer(
+            config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
+        )
+    state = state_lib.create_train_state(
+        params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
+    )
+    state = place_state(state, mesh, rules)
+    needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
+    ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
+    update_cfg = update_config(config)
+    # The asynchronous generator samples with the params the learner is updating: donating them to the update
+    # would free buffers another thread is reading.
+    update = update_lib.make_update_fn(
+        graphdef,
+        optimizer,
+        update_cfg,
+        critic_graphdef=critic_graphdef,
+        critic_optimizer=critic_optimizer,
+        donate=alg != "async_ppo",
+        state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
+    )
+    loader = sources.ProblemLoader(train_problems, seed=config.seed)
+    checkpointer = Checkpointer(
+        os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
+    )
+    start_iteration = 0
+    pending: List[Dict[str, Any]] = []
+    if config.resume and checkpointer.latest_step() is not None:
+        _check_resumed_config(config, run_dir)
+        state, metadata = checkpointer.restore(state)
+        loader.restore(metadata["data"])
+        start_iteration = int(metadata["iteration"])
+        pending = metadata.get(PENDING_KEY) or []
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2, default=str)
+    sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
+    sampler.update_weights(state.params, int(state.policy_version))
+    return Run(
+        reward_fn=reward_fn,
+        config=config,
+        run_dir=run_dir,
+        codec=codec,
+        graphdef=graphdef,
+        state=state,
+        ref_params=ref_params,
+        critic_graphdef=critic_graphdef,
+        sampler=sampler,
+        grader=grader,
+        loader=loader,
+        eval_prompts=eval_prompts,
+        eval_golds=eval_golds,
+        update=update,
+        logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
+        values=update_lib.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
+        checkpointer=checkpointer,
+        logger=MetricsLogger(run_dir, resumed_from=start_iteration),
+        mesh=mesh,
+        total_iterations=total,
+        start_iteration=start_iteration,
+        warmstart_metrics=warm_metrics,
+        prm=prm,
+        model_dir=start_dir,
+        pending_rollouts=pending,
+    )
+
+
+PENDING_KEY = "pending_rollouts"
+"""Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
+
+
+RUN_IDENTITY = ("seed", "algorithm_name", "shuffle_rewards")
+"""Config keys a resumed run must share with the run it continues (e.g. a control must not resume the real run)."""
+
+
+def _check_resumed_config(config, run_dir: str) -> None:
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    changed = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_IDENTITY if k in saved and saved[k] != config[k]]
+    if changed:
+        fail(
+            f"run_dir {run_dir!r} holds a run with other settings ({', '.join(changed)}), which this run would "
+            "resume: use another --config.run_dir, or --config.resume=False to start over"
+        )
+
+
+def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainState:
+    """Every leaf on the mesh: params and optimizer states by the partition rules, scalars replicated.
+
+    Done before a restore too, so restored leaves land on the same shardings (the checkpoint takes the
+    target's) and the jitted update sees one device set.
+    """
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def put(tree):
+        return None if tree is None else jax.device_put(tree, sharding.tree_shardings(tree, mesh, rules))
+
+    return state.replace(
+        params=put(state.params),
+        opt_state=put(state.opt_state),
+        critic_params=put(state.critic_params),
+        critic_opt_state=put(state.critic_opt_state),
+        **{
+            k: jax.device_put(getattr(state, k), replicated)
+            for k in ("step", "rng", "policy_version", "skipped_updates")
+        },
+    )
+
+
+def _make_sampler(config, model_dir, model, codec, sampler_args):
+    if config.sampler == "vllm":
+        from mathrl_jax.sampling.vllm_sampler import VllmSampler
+
+        return VllmSampler(model_dir, config=model.config, dtype=config.dtype, seed=config.seed)
+    sampler_mesh = sharding.follow_mesh(config.sampler_mesh.to_dict(), config.mesh.to_dict())
+    mesh = sharding.make_mesh(sampler_mesh) if jax.device_count() > 1 else None
+    return JaxSampler(model, mesh=mesh, **sampler_args)

@@ -1,0 +1,101 @@
+"""The run's problems: loading and checking the data a config names, and their prompt ids."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List
+
+from mathrl_jax.data import arithmetic, prompts, sources
+from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.validation import fail
+
+
+def check_warmstart_data(config) -> None:
+    """The teacher's worked solutions exist for two-digit a+b / a-b only (checked after the data loads, so that
+    a missing or malformed data file is reported first)."""
+    w = config.warmstart
+    if w.steps <= 0 or w.targets != "teacher":
+        return
+    if config.dataset_name != "arithmetic":
+        fail(
+            f"warmstart.targets='teacher' writes worked solutions of the arithmetic task only, not of "
+            f"dataset_name={config.dataset_name!r}: use --config.warmstart.targets=answer (imitate the gold "
+            "answers) or --config.warmstart.steps=0 (no warm-start)"
+        )
+    levels = tuple(config.arithmetic.levels)
+    if levels != (2,):
+        fail(
+            f"warmstart.targets='teacher' solves two-digit a+b / a-b (arithmetic level 2) only, got "
+            f"arithmetic.levels={levels}: use --config.arithmetic.levels=2 or --config.warmstart.targets=answer"
+        )
+
+
+def load_data(config):
+    """(train problems, eval problems); raises TrainingError naming the file / field on bad data."""
+    if config.dataset_name == "arithmetic":
+        a = config.arithmetic
+        train, held_out = arithmetic.arithmetic_train_eval(
+            a.num_train, a.num_eval, seed=config.seed, levels=tuple(a.levels), question_format=a.question_format
+        )
+        return train, held_out[: config.num_eval_problems]
+    for name in ("dataset_path", "eval_dataset_path"):
+        path = config[name]
+        if path and not os.path.exists(path):
+            fail(f"{name} {path!r} does not exist (all data is read from local paths)")
+    subject = config.dataset_name if config.dataset_name in sources.MATH_SUBJECTS else None
+    layout = "auto" if subject else config.dataset_name
+    try:
+        problems = sources.load_problems(config.dataset_path, layout)
+        if subject:
+            problems = _keep_subject(problems, subject, config.dataset_path)
+        if config.eval_dataset_path:
+            held_out = sources.load_problems(config.eval_dataset_path, layout)
+            if subject:
+                held_out = _keep_subject(held_out, subject, config.eval_dataset_path)
+        else:
+            order = sources.shuffled_order(len(problems), config.seed, 0)
+            count = min(config.num_eval_problems, len(problems) // 10 or 1)
+            held_out = [problems[i] for i in order[:count]]
+            problems = [problems[i] for i in order[count:]]
+    except sources.DataError as error:
+        fail(str(error))
+    if not problems:
+        fail(f"dataset {config.dataset_path!r} has no training problems left")
+    return problems, held_out[: config.num_eval_problems]
+
+
+def _keep_subject(problems, subject: str, path: str):
+    """OpenR's `--dataset_name prealgebra`: the problems of that MATH subject. Data without subjects (OpenR's own
+    two-field copy of MATH-500) is used whole, as OpenR does (its environment never reads the name), with a note."""
+    if not any(p.subject for p in problems):
+        print(
+            f"note: {path!r} has no subject field, so dataset_name={subject!r} keeps every problem (as OpenR does)",
+            file=sys.stderr,
+        )
+        return problems
+    kept = sources.filter_by_subject(problems, subject)
+    if not kept:
+        found = sorted({sources.subject_key(p.subject) for p in problems if p.subject})
+        fail(f"dataset_name={subject!r}: no problem of that subject in {path!r}; its subjects are {found}")
+    return kept
+
+
+def encode_prompts(config, codec: TextCodec, problems) -> List[List[int]]:
+    out = []
+    for problem in problems:
+        text = prompts.format_prompt(problem.question, config.prompt_template, tokenizer=codec.tokenizer)
+        ids = codec.encode(text)
+        if len(ids) > config.max_prompt_length:
+            fail(
+                f"problem {problem.uid!r} has a {len(ids)}-token prompt, over --config.max_prompt_length="
+                f"{config.max_prompt_length}: raise it, or drop the longer problems from the data file"
+            )
+        out.append(ids)
+    return out
+
+
+def check_prompts(config, codec: TextCodec, train_problems, eval_problems) -> None:
+    """Fails now, not at iteration 500, on a prompt over `max_prompt_length` (the first 1000 training ones)."""
+    encode_prompts(config, codec, eval_problems)
+    encode_prompts(config, codec, train_problems[:1000])

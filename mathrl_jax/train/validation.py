@@ -1,0 +1,133 @@
+"""Checks of a run's config that need no file: names, ranges, divisibility; `TrainingError` for bad input."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from mathrl_jax import sharding
+from mathrl_jax.data import prompts, sources
+from mathrl_jax.train import algorithms
+from mathrl_jax.train import state as state_lib
+from mathrl_jax.train import update as update_lib
+
+
+class TrainingError(ValueError):
+    """Bad input to a training run (config, data, model path, mesh); the message names it."""
+
+
+DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl")
+
+
+def fail(message: str):
+    raise TrainingError(message)
+
+
+def normalize_config(config) -> None:
+    """Spellings other systems use, in place: OpenR's upper-case algorithm names (`APPO`)."""
+    if isinstance(config.algorithm_name, str):
+        config.algorithm_name = config.algorithm_name.lower()
+
+
+def validate_config(config) -> None:
+    """Every check that needs no file: names, ranges, divisibility."""
+    c = config
+    normalize_config(c)
+    if c.algorithm_name not in algorithms.ALGORITHMS:
+        fail(f"unknown algorithm_name {c.algorithm_name!r}; expected one of {', '.join(algorithms.NAMES)}")
+    if c.sampler not in ("jax", "vllm"):
+        fail(f"unknown sampler {c.sampler!r}; expected 'jax' or 'vllm'")
+    if c.dataset_name != "arithmetic" and c.dataset_name not in DATASET_LAYOUTS + sources.MATH_SUBJECTS:
+        fail(
+            f"unknown dataset_name {c.dataset_name!r}; expected 'arithmetic', a layout {DATASET_LAYOUTS} or a MATH "
+            f"subject (OpenR's --dataset_name, which keeps that subject's problems) {sources.MATH_SUBJECTS}"
+        )
+    if c.advantage_whitening not in ("batch", "openr"):
+        fail(f"unknown advantage_whitening {c.advantage_whitening!r}; expected 'batch' or 'openr'")
+    if c.value_loss_type not in update_lib.losses.value.VALUE_LOSS_TYPES:
+        fail(
+            f"unknown value_loss_type {c.value_loss_type!r}; expected one of {update_lib.losses.value.VALUE_LOSS_TYPES}"
+        )
+    if c.dataset_name != "arithmetic" and not c.dataset_path:
+        fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
+    if c.prompt_template not in prompts.TEMPLATE_NAMES:
+        fail(f"unknown prompt_template {c.prompt_template!r}; expected one of {prompts.TEMPLATE_NAMES}")
+    positive = (
+        "n_rollout_threads",
+        "group_size",
+        "episode_length",
+        "max_new_tokens",
+        "ppo_epoch",
+        "num_mini_batch",
+        "max_prompt_length",
+        "log_interval",
+    )
+    for name in positive:
+        if int(c[name]) < 1:
+            fail(f"{name}={c[name]} must be >= 1")
+    for name in (
+        "num_iterations",
+        "num_env_steps",
+        "eval_interval",
+        "save_interval",
+        "micro_batch_size",
+        "max_head_offpolicyness",
+        "eval_n_samples",
+        "num_logged_samples",
+    ):
+        if int(c[name]) < 0:
+            fail(f"{name}={c[name]} must be >= 0")
+    rows = c.n_rollout_threads * (c.episode_length if c.env_name else c.group_size)
+    if rows % c.num_mini_batch:
+        fail(
+            f"{rows} rows per iteration (n_rollout_threads x group_size, or x episode_length for envs) do not split "
+            f"into num_mini_batch={c.num_mini_batch}"
+        )
+    mini = rows // c.num_mini_batch
+    if c.micro_batch_size and c.micro_batch_size < mini and mini % c.micro_batch_size:
+        fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
+    if c.lr <= 0 or c.critic_lr <= 0:
+        fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
+    if not 0.0 < c.temperature or not 0.0 < c.top_p <= 1.0:
+        fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")
+    if c.env_name and c.group_size != 1:
+        fail(f"env_name={c.env_name!r}: one episode per environment, so group_size must be 1 (got {c.group_size})")
+    if algorithms.ALGORITHMS[c.algorithm_name].groups and c.group_size < 2:
+        fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
+    if c.env_name and c.algorithm_name != "reinforce_rebn":
+        fail(
+            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', "
+            f"not {c.algorithm_name!r}"
+        )
+    if c.reward_source not in ("verifier", "prm", "prm+verifier"):
+        fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")
+    if "prm" in c.reward_source and not c.prm_model_name_or_path:
+        fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
+    if c.shuffle_rewards and (c.env_name or c.reward_source != "verifier"):
+        fail(
+            "shuffle_rewards (the control run) shuffles the verifier's per-response rewards: it needs "
+            f"reward_source='verifier' and no env_name, got {c.reward_source!r} and {c.env_name!r}"
+        )
+    if c.env_name not in ("", "guess_number"):
+        fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn problems) or 'guess_number'")
+    if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:
+        fail(f"unknown loss_agg_mode {c.loss_agg_mode!r}; expected one of {update_lib.losses.LOSS_AGG_MODES}")
+    if c.lr_schedule not in state_lib.SCHEDULES:
+        fail(f"unknown lr_schedule {c.lr_schedule!r}; expected one of {state_lib.SCHEDULES}")
+    if c.warmstart.targets not in ("teacher", "answer"):
+        fail(f"unknown warmstart.targets {c.warmstart.targets!r}; expected 'teacher' or 'answer'")
+    if not 0.0 <= c.warmstart.slip_rate <= 1.0:
+        fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
+    try:
+        sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
+    except (sharding.MeshError, ValueError) as error:
+        fail(f"bad mesh {c.mesh.to_dict()}: {error}")
+
+
+def num_iterations(config) -> int:
+    """`num_iterations`, or `num_env_steps` over the samples one iteration takes."""
+    if config.num_env_steps:
+        per_iteration = config.n_rollout_threads * config.group_size * config.episode_length
+        return max(1, math.ceil(config.num_env_steps / per_iteration))
+    return int(config.num_iterations)

@@ -1,0 +1,133 @@
+"""The supervised warm-start before RL (same command): examples, the reuse check, the atomic model write."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable, Dict, List
+
+from flax import nnx
+
+from mathrl_jax.data import teacher
+from mathrl_jax.models import hf
+from mathrl_jax.sampling import JaxSampler
+from mathrl_jax.train import sft
+from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.evaluation import evaluate
+from mathrl_jax.train.problems import encode_prompts
+from mathrl_jax.train.validation import fail
+
+
+def write_atomically(directory: str, write: Callable[[str], None]) -> None:
+    """Writes a directory through a temporary sibling and renames, so a crash never leaves half of it.
+
+    An existing directory (a resumed run's earlier export) is moved aside first and removed only after
+    the new one is in place.
+    """
+    tmp, old = directory + ".tmp", directory + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if os.path.isdir(directory):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def held_out_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n_samples=0) -> Dict[str, float]:
+    return evaluate(
+        sampler,
+        eval_prompts,
+        eval_golds,
+        grader,
+        codec.decode,
+        max_new_tokens=config.max_new_tokens,
+        n_samples=n_samples,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+    )
+
+
+def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
+    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`), or the bare
+    boxed answers. Prompts are the RL prompts (the same template), targets end with EOS."""
+    prompt_ids = encode_prompts(config, codec, problems)
+    if config.warmstart.targets == "answer":
+        targets = [sft.BOXED_COMPLETION.format(answer=p.answer) for p in problems]
+    else:
+        targets = teacher.teacher_solutions(
+            [p.question for p in problems],
+            slip_rate=config.warmstart.slip_rate,
+            seed=config.seed,
+            question_format=config.arithmetic.question_format,
+        )
+    return [(prompt, codec.encode(text) + [codec.eos_token_id]) for prompt, text in zip(prompt_ids, targets)]
+
+
+WARMSTART_RECORD = "mathrl_jax_warmstart.json"
+"""Written beside the warm-started model: the settings that made it, checked when a run reuses it."""
+
+
+def warmstart_settings(config) -> Dict[str, Any]:
+    return {"seed": int(config.seed), **config.warmstart.to_dict()}
+
+
+def check_reused_warmstart(config, directory: str) -> None:
+    path = os.path.join(directory, WARMSTART_RECORD)
+    if not os.path.isfile(path):  # made before the record existed: nothing to compare
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    wanted = json.loads(json.dumps(warmstart_settings(config)))  # tuples as lists, as saved
+    changed = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
+    if changed:
+        differences = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        fail(
+            f"{directory} was warm-started with other settings ({differences}); a run reuses its warm-start: "
+            "use a new --config.run_dir, or remove that directory to redo it"
+        )
+
+
+def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds):
+    """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
+    directory = os.path.join(run_dir, "warmstart_model")
+    if config.warmstart.steps <= 0:
+        return model_dir, {}
+    if os.path.isdir(directory):
+        check_reused_warmstart(config, directory)
+        return directory, {}
+    model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
+    before = held_out_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
+    examples = warmstart_examples(config, codec, train_problems)
+    start = time.time()
+    new_state = sft.supervised_warmstart(
+        model,
+        examples,
+        steps=config.warmstart.steps,
+        batch_size=config.warmstart.batch_size,
+        learning_rate=config.warmstart.lr,
+        warmup_steps=config.warmstart.warmup_steps,
+        seed=config.seed,
+        pad_id=codec.pad_token_id,
+        log_fn=None,
+    )
+    seconds = time.time() - start
+    warm = nnx.merge(nnx.graphdef(model), new_state)
+    after = held_out_accuracy(config, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
+
+    def write(d):
+        hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
+        with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
+            json.dump(warmstart_settings(config), f, indent=2)
+
+    write_atomically(directory, write)
+    metrics = {
+        "warmstart/eval_accuracy_before": before["eval/accuracy"],
+        "warmstart/eval_accuracy_after": after["eval/accuracy"],
+        "warmstart/seconds": seconds,
+        "warmstart/steps": float(config.warmstart.steps),
+    }
+    return directory, metrics
