@@ -147,15 +147,11 @@ def completion_samples(
     golds: Sequence[str],
     grader: MathGrader,
     decode: Callable[[List[int]], str],
+    decodings: Sequence[SamplingParams],
     *,
-    max_new_tokens: int,
-    n_samples: int = 4,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
     values: RewardValues = RewardValues(),
 ) -> List[Dict]:
-    """What the policy writes for a few prompts: the greedy completion and `n_samples` sampled ones, graded.
+    """What the policy writes for a few prompts under each of `decodings` (e.g. greedy and a few samples), graded.
 
     One record per completion: {"prompt", "gold", "decoding" ("greedy" or "T=<temperature>"), "sample"
     (0.. within the prompt), "completion", "extracted" (the graded answer), "reward", "correct",
@@ -165,17 +161,11 @@ def completion_samples(
     if len(prompts) != len(golds):
         raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold answers")
     records: List[Dict] = []
-    decodings = [("greedy", SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))]
-    if n_samples > 0:
-        sampled = SamplingParams(
-            n=n_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
-        )
-        decodings.append((f"T={temperature:g}", sampled))
-    for name, params in decodings:
-        rollouts = sampler.generate(list(prompts), params)
+    everything = list(range(len(prompts)))
+    for params in decodings:
+        name = "greedy" if params.temperature == 0.0 else f"T={params.temperature:g}"
+        rollouts, results = _generate_and_grade(sampler, grader, decode, prompts, golds, everything, params)
         texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
-        row_golds = [g for g in golds for _ in range(params.n)]
-        results = grader.grade_batch(texts, row_golds)
         for row, (text, result) in enumerate(zip(texts, results)):
             index = int(rollouts.prompt_indices[row])
             records.append(

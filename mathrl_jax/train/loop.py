@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax.models import hf
+from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.train.async_loop import AsyncRollouts
 from mathrl_jax.train.batch import mesh_context, prepare_batch, shuffled_rewards
 from mathrl_jax.train.build import PENDING_KEY, build_run
@@ -180,17 +181,21 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     count = min(c.num_logged_samples, len(run.eval_prompts))
     if count == 0 or jax.process_index() != 0:
         return None
+    sampled = SamplingParams(
+        n=4,
+        temperature=c.temperature,
+        top_p=c.top_p,
+        max_new_tokens=c.max_new_tokens,
+        seed=zlib.crc32(f"samples:{c.seed}:{iteration}".encode()) & 0x7FFFFFFF,  # not the training rollouts' seed
+    )
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=c.max_new_tokens)
     records = completion_samples(
         run.sampler,
         run.eval_prompts[:count],
         run.eval_golds[:count],
         run.grader,
         run.codec.decode,
-        max_new_tokens=c.max_new_tokens,
-        n_samples=4,
-        temperature=c.temperature,
-        top_p=c.top_p,
-        seed=zlib.crc32(f"samples:{c.seed}:{iteration}".encode()) & 0x7FFFFFFF,  # not the training rollouts' seed
+        [greedy, sampled],
         values=run.grader.grader.values,
     )
     directory = os.path.join(run.run_dir, "samples")
