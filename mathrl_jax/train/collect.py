@@ -59,7 +59,9 @@ def collect(run: Run, iteration: int):
     golds = [p.answer for p in problems for _ in range(c.group_size)]
     texts = rollouts.texts or [run.codec.decode(ids) for ids in rollouts.completion_ids]
     reward_fn = run.reward_fn or run.grader.rewards
+    start = time.perf_counter()
     scores, reward_metrics = reward_fn(texts, golds)
+    reward_metrics = {**reward_metrics, "perf/grade_time": time.perf_counter() - start}
     return rollouts, problems, np.asarray(scores, np.float32), reward_metrics
 
 

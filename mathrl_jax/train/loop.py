@@ -109,6 +109,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     if run.config.shuffle_rewards:
         scores = shuffled_rewards(scores, run.config.seed, iteration)
     with out_of_memory_hint(run.config, len(rollouts)):
+        passes_start = time.perf_counter()
         batch, batch_metrics = prepare_batch(
             run,
             rollouts,
@@ -117,9 +118,12 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
         )
+        jax.block_until_ready(batch)
+        update_start = time.perf_counter()
         with mesh_context(run):
             run.state, update_metrics = run.update(run.state, batch)
         update_metrics = jax.device_get(update_metrics)
+    sync_start = time.perf_counter()
     source.updated(iteration, run.state.params, int(run.state.policy_version))
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
@@ -139,6 +143,9 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         "perf/step_time": done - start,
         "perf/generate_time": got.generate_seconds,
         "perf/wait_time": waited,
+        "perf/logprob_time": update_start - passes_start,
+        "perf/update_time": sync_start - update_start,
+        "perf/sync_time": done - sync_start,
         "perf/tokens_per_second": tokens / max(done - start, 1e-9),
         "async/staleness": float(staleness),
         "async/policy_version": float(rollouts.policy_version),
@@ -149,7 +156,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
             else {}
         ),
         **batch_metrics,
-        **{k: v for k, v in reward_metrics.items() if k.startswith("rollout/")},
+        **{k: v for k, v in reward_metrics.items() if k.startswith(("rollout/", "perf/"))},
     }
     for key, value in update_metrics.items():
         metrics[RENAMES.get(key, f"train/{key}")] = float(value)

@@ -118,6 +118,11 @@ METRIC_NAMES: dict[str, str] = {
     "perf/step_time": "seconds of the whole iteration (without the evaluation)",
     "perf/generate_time": "seconds the batch took to sample and grade (in the generator thread for async_ppo)",
     "perf/wait_time": "seconds the learner waited for its batch",
+    "perf/grade_time": "seconds of perf/generate_time spent computing the rewards (verifier, or a custom reward_fn)",
+    "perf/logprob_time": "seconds of the trainer's passes before the update: old / reference / proximal log-probs, "
+    "critic values, advantages",
+    "perf/update_time": "seconds of the jitted update (every minibatch's forward, backward and optimizer step)",
+    "perf/sync_time": "seconds to hand the new weights to the sampler (Sampler.update_weights)",
     "perf/tokens_per_second": "response tokens of the batch per second of the iteration",
     # warmstart: the supervised warm-start before RL (logged at step 0, once)
     "warmstart/eval_accuracy_before": "greedy eval accuracy before the warm-start",
