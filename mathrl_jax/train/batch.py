@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mathrl_jax.sampling.jax_sampler import bucket
+from mathrl_jax.train import packing
 from mathrl_jax.train import rollout as rollout_lib
 from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.run import Run
@@ -65,14 +66,25 @@ def prepare_batch(
     arrays.pop("prompt_length")
     sampler_logprobs = arrays.pop("sampler_logprobs")
     batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
+    shape = pack_shape(run, arrays["attention_mask"].shape[1])
+    plan = None
+    if shape is not None:
+        plan = packing.plan_passes(
+            arrays["attention_mask"],
+            shape["row_tokens"],
+            rows_per_chunk=shape["rows_per_micro"],
+            rows_multiple=shape["rows_multiple"],
+        )
+        plan = {k: jnp.asarray(v) for k, v in plan.items()}
+    inputs = (batch["input_ids"], batch["attention_mask"], plan)
     with mesh_context(run):
-        old = run.logprobs(params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+        old = run.logprobs(params, *inputs) * batch["response_mask"]
         ref = None
         if run.ref_params is not None:
-            ref = run.logprobs(run.ref_params, batch["input_ids"], batch["attention_mask"]) * batch["response_mask"]
+            ref = run.logprobs(run.ref_params, *inputs) * batch["response_mask"]
         values = None
         if run.values is not None:
-            values = run.values(run.state.critic_params, batch["input_ids"], batch["attention_mask"])
+            values = run.values(run.state.critic_params, *inputs)
     if c.algorithm_name == "async_ppo":  # decoupled: behaviour = the sampler's, proximal = the learner's now
         batch["old_logprobs"] = jnp.asarray(arrays["old_logprobs"])
         batch["proximal_logprobs"] = old
@@ -86,7 +98,7 @@ def prepare_batch(
             response_mask=response_mask,
             advantages=update_lib.losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask),
         )
-        return batch, metrics
+        return with_update_plan(run, batch, shape), metrics
     action_index = None
     if c.algorithm_name in ("appo", "tppo"):
         rows = action_indices(run, rollouts)
@@ -118,7 +130,33 @@ def prepare_batch(
     mask = np.asarray(batch["response_mask"]) > 0
     if plain_sampling and mask.any():  # sampler vs trainer log-probs of the same tokens: a health check
         metrics["rollout/sampler_logprob_diff"] = float(np.abs(np.asarray(old) - sampler_logprobs)[mask].mean())
-    return batch, metrics
+    return with_update_plan(run, batch, shape), metrics
+
+
+def pack_shape(run: Run, width: int) -> Optional[Dict[str, Any]]:
+    """The packed rows of a batch `width` columns wide (`config.packing`), or None to train on padded rows.
+
+    A packed row holds `max(pack_length, width)` tokens, so any row of the batch fits. A micro-batch keeps the
+    padded one's token budget: `micro_batch_size` x `width` tokens, in whole packed rows. Row counts are
+    multiples of the mesh's data shards, so the rows split over dp x fsdp as the padded rows do."""
+    c = run.config
+    if not c.packing:
+        return None
+    row_tokens = max(int(c.pack_length), width)
+    shards = 1 if run.mesh is None else int(run.mesh.shape.get("dp", 1) * run.mesh.shape.get("fsdp", 1))
+    rows_per_micro = None
+    if c.micro_batch_size:
+        rows_per_micro = max(1, c.micro_batch_size * width // row_tokens)
+    return dict(row_tokens=row_tokens, rows_per_micro=rows_per_micro, rows_multiple=shards)
+
+
+def with_update_plan(run: Run, batch: Dict[str, Any], shape: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The batch with the update's packing plan (`update.with_packing`), drawn from the state's RNG as the
+    update draws its minibatches."""
+    if shape is None:
+        return batch
+    c = run.config
+    return update_lib.with_packing(batch, run.state.rng, epochs=c.ppo_epoch, num_mini_batches=c.num_mini_batch, **shape)
 
 
 @contextlib.contextmanager

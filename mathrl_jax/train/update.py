@@ -31,13 +31,16 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from mathrl_jax import losses
+from mathrl_jax.train import packing
 from mathrl_jax.train.state import TrainState
 
 WHITENING = (None, "actions", "nonzero")
+PACKED = "packed"  # the batch key of a packing plan (`packing.plan_update`); micro-batches hold packed inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,16 +91,36 @@ def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float
     return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
 
-def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0):
-    """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes."""
-    logits, _ = nnx.merge(graphdef, params)(input_ids, attention_mask=attention_mask)
+def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None):
+    """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes. With `packing`
+    (`segment_ids`, `positions`), `input_ids` are packed rows, scored within their sequences."""
+    logits, _ = nnx.merge(graphdef, params)(input_ids, **_model_inputs(attention_mask, packing))
     return shifted_logprobs(logits, input_ids, temperature)
 
 
-def critic_values(graphdef, params, input_ids, attention_mask):
+def critic_values(graphdef, params, input_ids, attention_mask, packing=None):
     """Critic values aligned like the log-probs: column c is V(prefix before token c) (verl's alignment)."""
-    values = nnx.merge(graphdef, params)(input_ids, attention_mask=attention_mask)
+    values = nnx.merge(graphdef, params)(input_ids, **_model_inputs(attention_mask, packing))
     return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
+
+
+def _model_inputs(attention_mask, packing) -> Dict[str, jax.Array]:
+    if packing is None:
+        return dict(attention_mask=attention_mask)
+    segments = packing["segment_ids"]
+    return dict(attention_mask=(segments > 0).astype(jnp.int32), positions=packing["positions"], segment_ids=segments)
+
+
+def packed_inputs(input_ids: jax.Array, source: jax.Array, pad_id: int = 0) -> jax.Array:
+    """`[..., R, T]` packed token ids: `input_ids` (padded, `[N, L]`) at the flat indices `source` (-1: `pad_id`)."""
+    flat = input_ids.reshape(-1)
+    return jnp.where(source >= 0, flat[jnp.maximum(source, 0)], pad_id).astype(input_ids.dtype)
+
+
+def unpack(packed: jax.Array, packing: Dict[str, jax.Array]) -> jax.Array:
+    """Per-token results of packed rows `[R, T]` back in the padded layout `[K, L]` (0 where no token)."""
+    flat = jnp.concatenate([packed.reshape(-1), jnp.zeros((1,), packed.dtype)])
+    return flat[packing["unpack"]]
 
 
 def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) -> Dict[str, Any]:
@@ -117,8 +140,17 @@ def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) 
     return agg  # gspo, reinforce, or a loss of the user's with the aggregation arguments
 
 
+def _forward(fn: Callable, mb: Dict[str, jax.Array], *args):
+    """`fn(input_ids, attention_mask, *args, packing)` on a micro-batch's padded rows, or on its packed rows
+    with each result brought back to the padded layout."""
+    packing = mb.get(PACKED)
+    if packing is None:
+        return fn(mb["input_ids"], mb["attention_mask"], *args, None)
+    return jax.tree.map(lambda x: unpack(x, packing), fn(packing["input_ids"], None, *args, packing))
+
+
 def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
-    logp, entropy = policy_logprobs(graphdef, params, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+    logp, entropy = _forward(functools.partial(policy_logprobs, graphdef, params), mb, cfg.temperature)
     mask = mb["response_mask"]
     loss_fn = losses.get_policy_loss(cfg.policy_loss)
     loss, metrics = loss_fn(logp, mb["old_logprobs"], mb["advantages"], mask, **_policy_loss_args(cfg, mb, denominator))
@@ -167,7 +199,7 @@ def _whiten_minibatch(cfg: UpdateConfig, mb) -> jax.Array:
 
 
 def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
-    values = critic_values(graphdef, params, mb["input_ids"], mb["attention_mask"])
+    values = _forward(functools.partial(critic_values, graphdef, params), mb)
     loss, metrics = losses.clipped_value_loss(
         values,
         mb["old_values"],
@@ -180,7 +212,24 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
         norm_constant=cfg.norm_constant,
         denominator=denominator,
     )
+    metrics.pop("explained_variance")  # a ratio of variances: from sums over the minibatch, `_explained_variance`
+    mask = mb["value_mask"].astype(jnp.float32)
+    returns = mb["returns"].astype(jnp.float32)
+    error = returns - jax.lax.stop_gradient(values)
+    sums = {"count": mask, "returns": returns, "returns_sq": returns**2, "error": error, "error_sq": error**2}
+    metrics.update({f"sum_{k}": jnp.sum(x * mask) for k, x in sums.items()})
     return loss, {"value_loss": loss, **{f"value_{k}": v for k, v in metrics.items() if k != "value_loss"}}
+
+
+def _explained_variance(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+    """`metrics` with the critic's `value_sum_*` replaced by 1 - Var[R - V] / Var[R] over the minibatch's value
+    entries (`losses.explained_variance`, whatever the micro-batches; 0 when none counts)."""
+    sums = {k[len("value_sum_") :]: metrics.pop(k) for k in list(metrics) if k.startswith("value_sum_")}
+    count = jnp.maximum(sums["count"], 1.0)
+    var_returns = sums["returns_sq"] / count - (sums["returns"] / count) ** 2
+    var_error = sums["error_sq"] / count - (sums["error"] / count) ** 2
+    explained = 1.0 - jnp.maximum(var_error, 0.0) / (jnp.maximum(var_returns, 0.0) + 1e-8)
+    return dict(metrics, value_explained_variance=jnp.where(sums["count"] > 0, explained, 0.0))
 
 
 def _weighted_mean(values: Dict[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
@@ -194,21 +243,34 @@ def _weighted_mean(values: Dict[str, jax.Array], weights: jax.Array) -> Dict[str
 STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied")
 
 
+# Each micro-batch's loss values are its share of the minibatch's loss (numerator / the minibatch's
+# denominator): summed over micro-batches, as the loss is, and so are sums (`*_sum_*`). Maxima are maxima over
+# the micro-batches and minibatches. Every other metric is a mean over the micro-batch's units. So no metric
+# depends on how a minibatch is cut.
+LOSS_SHARES = ("policy_loss", "kl", "value_loss")
+MAXIMA = ("ratio_max",)
+
+
+def _combine(key: str, total: jax.Array, value: jax.Array, weight: jax.Array) -> jax.Array:
+    if key in LOSS_SHARES or "_sum_" in key:
+        return total + value
+    if key in MAXIMA:
+        return jnp.maximum(total, value)
+    return total + weight * value
+
+
 def _accumulate(objective: Callable, params, micro_batches, denominator, units):
-    """Sum over micro-batches of (loss, grads); metrics (means over each micro-batch's `units`, `[A, micro, L]`:
-    tokens, actions or value entries) averaged weighted by its unit count, so a micro-batch of padding rows
-    (multi-turn, DAPO-filtered) does not dilute them."""
+    """Sum over micro-batches of (loss, grads); metrics: `LOSS_SHARES` summed, `MAXIMA` maxed, the others (means
+    over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries) averaged weighted by its unit
+    count, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them."""
 
     def body(acc, xs):
         mb, mb_units = xs
         (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
         acc_loss, acc_grads, acc_metrics = acc
         tokens = jnp.sum(mb_units).astype(jnp.float32)
-        return (
-            acc_loss + loss,
-            jax.tree.map(jnp.add, acc_grads, grads),
-            jax.tree.map(lambda a, m: a + tokens * m, acc_metrics, metrics),
-        ), None
+        metrics = {k: _combine(k, acc_metrics[k], m, tokens) for k, m in metrics.items()}
+        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads), metrics), None
 
     first = jax.tree.map(lambda x: x[0], micro_batches)
     (_, metrics_shape), _ = jax.eval_shape(
@@ -223,7 +285,21 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
     tokens = jnp.sum(units)
     # All padding: the metrics are 0, and the minibatch gets no weight in `update`'s average.
     scale = jnp.where(tokens > 0, 1.0 / jnp.maximum(tokens, 1e-30), 0.0)
-    return loss, grads, jax.tree.map(lambda m: m * scale, metrics)
+    return loss, grads, {k: m if k in LOSS_SHARES + MAXIMA or "_sum_" in k else m * scale for k, m in metrics.items()}
+
+
+def _packed_micro_batches(extended: Dict[str, jax.Array], step: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+    """One minibatch step of a packing plan: each micro-batch's loss-side rows `[A, K, ...]` of the batch
+    `extended` by a row of zeros (row N, for empty slots) and, under `PACKED`, its packed model inputs
+    `[A, R, T]` and `unpack` map."""
+    micro_batches = {k: x[step["rows"]] for k, x in extended.items()}
+    micro_batches[PACKED] = dict(
+        input_ids=packed_inputs(extended["input_ids"], step["source"]),
+        segment_ids=step["segment_ids"],
+        positions=step["positions"],
+        unpack=step["unpack"],
+    )
+    return micro_batches
 
 
 def _apply_if(ok, new, old):
@@ -236,6 +312,41 @@ def minibatch_order(rng: jax.Array, rows: int, epochs: int, num_mini_batches: in
     key, perm_key = jax.random.split(jax.random.wrap_key_data(rng))
     perms = jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(perm_key, epochs)])
     return key, perms.reshape(epochs * num_mini_batches, rows // num_mini_batches)
+
+
+def with_packing(
+    batch: Dict[str, Any],
+    rng: jax.Array,
+    *,
+    epochs: int,
+    num_mini_batches: int,
+    row_tokens: int,
+    rows_per_micro: Optional[int] = None,
+    rows_multiple: int = 1,
+) -> Dict[str, Any]:
+    """`batch` with a packing plan (`packing.plan_update`) under `PACKED`: the update then runs each
+    minibatch of `minibatch_order(rng, rows, epochs, num_mini_batches)` (`rng`: the TrainState's, the one
+    the update is given; `epochs` and `num_mini_batches` its `UpdateConfig`'s) on packed micro-batches of
+    `rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch)."""
+    host = {
+        k: np.asarray(batch[k])
+        for k in ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
+    }
+    trained = host["response_mask"].sum(axis=1) > 0
+    if "value_mask" in host:
+        trained |= host["value_mask"].sum(axis=1) > 0
+    rows = host["attention_mask"].shape[0]
+    _, order = minibatch_order(rng, rows, epochs, num_mini_batches)
+    plan = packing.plan_update(
+        host["attention_mask"],
+        trained,
+        np.asarray(order),
+        row_tokens,
+        rows_per_micro=rows_per_micro,
+        rows_multiple=rows_multiple,
+        response_mask=host["response_mask"],
+    )
+    return {**batch, PACKED: {k: jnp.asarray(v) for k, v in plan.items()}}
 
 
 def make_update_fn(
@@ -260,19 +371,27 @@ def make_update_fn(
     critic_objective = functools.partial(_critic_objective, cfg, critic_graphdef) if has_critic else None
 
     def update(state: TrainState, batch: Dict[str, jax.Array]):
-        rows = batch["input_ids"].shape[0]
+        batch = dict(batch)
+        plan = batch.pop(PACKED, None)
+        rows, width = batch["input_ids"].shape
         if rows % cfg.num_mini_batches:
             raise ValueError(f"batch of {rows} rows does not split into num_mini_batches={cfg.num_mini_batches}")
         mini = rows // cfg.num_mini_batches
-        micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is the minibatch
-        if mini % micro:
-            raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
         key, order = minibatch_order(state.rng, rows, cfg.ppo_epochs, cfg.num_mini_batches)
-        order = order.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
+        if plan is None:
+            micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is all of it
+            if mini % micro:
+                raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
+            steps = order.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
+            gather = lambda index: jax.tree.map(lambda x: x[index], batch)  # noqa: E731  [A, micro, ...]
+        else:  # the plan's minibatches are `order`'s (packing.plan_update): its rows, packed into micro-batches
+            steps = plan
+            extended = {k: jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)]) for k, x in batch.items()}
+            gather = functools.partial(_packed_micro_batches, extended)
 
-        def minibatch_step(carry, index):
+        def minibatch_step(carry, step):
             params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped = carry
-            micro_batches = jax.tree.map(lambda x: x[index], batch)  # [A, micro, ...]
+            micro_batches = gather(step)
             if cfg.minibatch_whitening:
                 micro_batches = dict(micro_batches, advantages=_whiten_minibatch(cfg, micro_batches))
             units = _policy_units(cfg, micro_batches)
@@ -280,7 +399,7 @@ def make_update_fn(
                 denominator = jnp.sum(units)  # the minibatch's actions
             else:
                 denominator = losses.loss_denominator(
-                    micro_batches["response_mask"].reshape(mini, -1), cfg.loss_agg_mode
+                    micro_batches["response_mask"].reshape(-1, width), cfg.loss_agg_mode
                 )
             loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units)
             grad_norm = optax.tree.norm(grads)
@@ -295,7 +414,7 @@ def make_update_fn(
             metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
             if has_critic:
                 value_mask = micro_batches["value_mask"]
-                v_denominator = losses.loss_denominator(value_mask.reshape(mini, -1), cfg.loss_agg_mode)
+                v_denominator = losses.loss_denominator(value_mask.reshape(-1, width), cfg.loss_agg_mode)
                 v_loss, v_grads, v_metrics = _accumulate(
                     critic_objective, critic_params, micro_batches, v_denominator, value_mask
                 )
@@ -304,7 +423,7 @@ def make_update_fn(
                 v_updates, new_v_opt = critic_optimizer.update(v_grads, critic_opt_state, critic_params)
                 critic_params = _apply_if(v_apply, optax.apply_updates(critic_params, v_updates), critic_params)
                 critic_opt_state = _apply_if(v_apply, new_v_opt, critic_opt_state)
-                metrics.update(v_metrics, value_grad_norm=v_norm)
+                metrics.update(_explained_variance(v_metrics), value_grad_norm=v_norm)
                 finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
             skipped = skipped + (~finite).astype(jnp.int32)
             kl_skipped = kl_skipped + kl_skip.astype(jnp.int32)
@@ -321,12 +440,13 @@ def make_update_fn(
             jnp.zeros((), jnp.int32),
         )
         (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), per_step = jax.lax.scan(
-            minibatch_step, init, order
+            minibatch_step, init, steps
         )
         tokens = per_step.pop("tokens")
         token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS}
         step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
         metrics = _weighted_mean(token_means, tokens)  # each minibatch by its tokens
+        metrics.update({k: jnp.max(v) for k, v in per_step.items() if k in MAXIMA})
         metrics.update(_weighted_mean(step_values, (tokens > 0).astype(jnp.float32)))
         metrics["kl_skipped"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # fraction of policy steps
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
@@ -347,14 +467,14 @@ def make_update_fn(
 
 
 def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
-    """`fn(params, ids [N, L], mask [N, L]) -> [N, L]` computed `chunk_rows` rows at a time (a `lax.scan` over
-    `[N / chunk_rows, chunk_rows, L]`), so the `[rows, L, V]` logits of one chunk are all that is live at
+    """`fn(params, *arrays [N, ...]) -> [N, ...]` computed `chunk_rows` rows at a time (a `lax.scan` over
+    `[N / chunk_rows, chunk_rows, ...]`), so the `[rows, L, V]` logits of one chunk are all that is live at
     once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once."""
 
-    def chunked(params, input_ids, attention_mask):
-        rows = input_ids.shape[0]
+    def chunked(params, *arrays):
+        rows = arrays[0].shape[0]
         if not chunk_rows or chunk_rows >= rows or rows % chunk_rows:
-            return fn(params, input_ids, attention_mask)
+            return fn(params, *arrays)
         split = lambda x: x.reshape(rows // chunk_rows, chunk_rows, *x.shape[1:])  # noqa: E731
 
         # The params ride in the scan's carry rather than the closure: the model is then built from values of
@@ -362,22 +482,50 @@ def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
         def body(p, xs):
             return p, fn(p, *xs)
 
-        _, out = jax.lax.scan(body, params, (split(input_ids), split(attention_mask)))
+        _, out = jax.lax.scan(body, params, tuple(split(x) for x in arrays))
         return out.reshape(rows, *out.shape[2:])
 
     return chunked
 
 
+def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
+    """Jitted `(params, input_ids [N, L], attention_mask [N, L], packing=None) -> [N, L]` of
+    `per_row(params, ids, packing-or-None, attention_mask)`, on the padded rows or, with `packing`
+    (`packing.plan_passes`), on the packed rows and brought back to the padded layout; `chunk_rows` rows
+    (padded or packed) at a time."""
+
+    def padded(params, input_ids, attention_mask):
+        return per_row(params, input_ids, attention_mask, None)
+
+    def packed(params, input_ids, segment_ids, positions):
+        return per_row(params, input_ids, None, dict(segment_ids=segment_ids, positions=positions))
+
+    def fn(params, input_ids, attention_mask, packing=None):
+        if packing is None:
+            return _in_row_chunks(padded, chunk_rows)(params, input_ids, attention_mask)
+        # `[chunks, rows, T]` plans (`packing.plan_passes(rows_per_chunk=...)`) run a chunk of rows at a time.
+        row_tokens = packing["source"].shape[-1]
+        chunk = packing["source"].shape[1] if packing["source"].ndim == 3 else None
+        flat = lambda x: x.reshape(-1, row_tokens)  # noqa: E731
+        ids = packed_inputs(input_ids, flat(packing["source"]))
+        out = _in_row_chunks(packed, chunk)(params, ids, flat(packing["segment_ids"]), flat(packing["positions"]))
+        return unpack(out, packing)
+
+    return jax.jit(fn)
+
+
 def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None) -> Callable:
-    """Jitted `(params, input_ids, attention_mask) -> [N, L] log-probs` (old / reference / proximal log-probs),
-    `chunk_rows` rows at a time if given (the loop passes `micro_batch_size`: the memory the update needs)."""
+    """Jitted `(params, input_ids, attention_mask, packing=None) -> [N, L] log-probs` (old / reference /
+    proximal log-probs), `chunk_rows` rows at a time if given (the loop passes the update's micro-batch:
+    the memory the update needs)."""
 
-    def fn(params, input_ids, attention_mask):
-        return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature)[0]
+    def per_row(params, input_ids, attention_mask, packing):
+        return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature, packing)[0]
 
-    return jax.jit(_in_row_chunks(fn, chunk_rows))
+    return _pass_fn(per_row, chunk_rows)
 
 
 def compute_values_fn(critic_graphdef, chunk_rows: Optional[int] = None) -> Callable:
-    """Jitted `(critic_params, input_ids, attention_mask) -> [N, L]` aligned values, `chunk_rows` rows at a time."""
-    return jax.jit(_in_row_chunks(functools.partial(critic_values, critic_graphdef), chunk_rows))
+    """Jitted `(critic_params, input_ids, attention_mask, packing=None) -> [N, L]` aligned values, `chunk_rows`
+    rows at a time."""
+    return _pass_fn(functools.partial(critic_values, critic_graphdef), chunk_rows)

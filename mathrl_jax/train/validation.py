@@ -72,6 +72,7 @@ def validate_config(config) -> None:
         "eval_interval",
         "save_interval",
         "micro_batch_size",
+        "pack_length",
         "max_head_offpolicyness",
         "eval_n_samples",
         "num_logged_samples",

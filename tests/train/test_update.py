@@ -70,6 +70,10 @@ def test_micro_batch_accumulation_is_exact(mode):
     micro, m2 = run_update(cfg, batch, sgd)
     assert_trees_close(whole.params, micro.params, atol=2e-6)
     np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    # Every metric too: loss shares summed over micro-batches, maxima maxed, means weighted by tokens.
+    assert set(m1) == set(m2)
+    for key in m1:
+        np.testing.assert_allclose(m1[key], m2[key], rtol=1e-4, atol=1e-7, err_msg=key)
 
 
 @pytest.mark.parametrize("whitening", [None, "actions"])

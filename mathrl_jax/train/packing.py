@@ -1,0 +1,195 @@
+"""Sequence packing: the trainer's passes run on rows filled with real tokens instead of padding.
+
+The update's batch keeps the padded row layout of `Rollouts.to_batch` (`[N, L]`, every row padded to the
+longest); a math batch's rows are mostly padding when response lengths spread. Packing plans, on the host,
+where each sequence's tokens go in rows of `row_tokens` columns (first-fit decreasing of whole sequences, as
+Tunix / AReaL pack), and gives the device three things per packed row: the flat index of each token in the
+padded batch (`source`), its sequence within the row (`segment_ids`, 0 = empty) and its position from 0
+(`positions`). The model sees only its own sequence (segment ids) at the same positions as in the padded row,
+so every logit is the padded row's logit. An `unpack` map brings the per-token results (log-probs,
+entropies, values) back to the padded layout, where the losses run unchanged: packed and padded batches give
+the same loss, metrics and gradients (up to float rounding), for every aggregation mode.
+
+Two plans:
+  * `plan_passes`: all N rows, for the old / reference / proximal log-probs and the critic values.
+  * `plan_update`: per minibatch of `update.minibatch_order`, micro-batches formed by tokens: the
+    minibatch's sequences packed into rows, `rows_per_micro` rows per micro-batch, plus the padded rows
+    (`rows`) whose loss-side arrays each micro-batch gathers.
+
+Shapes are bucketed (`bucket_count`: four sizes per power of two) so that a run compiles a handful of
+programs, not one per batch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def bucket_count(n: int, multiple: int = 1) -> int:
+    """The smallest of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ... (four steps per power of two) that is
+    >= n, rounded up to a multiple of `multiple`: at most 25% waste above 8 and a few sizes per octave."""
+    n = max(int(n), 1)
+    if n > 8:
+        step = 1 << (n.bit_length() - 3)  # a quarter of the power of two below n
+        n = -(-n // step) * step
+    return -(-n // multiple) * multiple
+
+
+def first_fit(lengths: Sequence[int], capacity: int) -> List[List[int]]:
+    """Bins of item indices, each holding at most `capacity` in total: first-fit decreasing (longest first,
+    ties by index, so the result depends only on the lengths). An item longer than `capacity` is an error."""
+    lengths = [int(n) for n in lengths]
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit in rows of {capacity}")
+    bins: List[List[int]] = []
+    room: List[int] = []
+    for item in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for b, free in enumerate(room):
+            if lengths[item] <= free:
+                bins[b].append(item)
+                room[b] -= lengths[item]
+                break
+        else:
+            bins.append([item])
+            room.append(capacity - lengths[item])
+    return bins
+
+
+def token_extents(attention_mask: np.ndarray, response_mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, ...]:
+    """(first column, token count) of each row's real tokens, which must be contiguous (the padded layout:
+    `[pad ... prompt | completion ... pad]`). With `response_mask`, a counted token must not open its row:
+    its log-prob comes from the token before it, which packing keeps only within the sequence."""
+    real = np.asarray(attention_mask) > 0
+    counts = real.sum(axis=1)
+    first = np.where(counts > 0, real.argmax(axis=1), 0)
+    columns = np.arange(real.shape[1])
+    span = (columns >= first[:, None]) & (columns < (first + counts)[:, None])
+    bad = np.flatnonzero((span != real).any(axis=1))
+    if len(bad):
+        raise ValueError(f"row {int(bad[0])}'s tokens are not contiguous: packing needs the padded row layout")
+    if response_mask is not None:
+        opens = np.asarray(response_mask)[np.arange(len(first)), first] > 0
+        bad = np.flatnonzero(opens & (counts > 0))
+        if len(bad):
+            raise ValueError(f"row {int(bad[0])} starts with a response token: it has no token to be scored from")
+    return first, counts
+
+
+def _layout(
+    groups: Sequence[Sequence[int]],
+    slots: Sequence[int],
+    first: np.ndarray,
+    counts: np.ndarray,
+    width: int,
+    num_rows: int,
+    row_tokens: int,
+) -> Dict[str, np.ndarray]:
+    """`groups[r]` (padded row indices) laid out in packed row r; `unpack[k]` maps slot k's padded row
+    (`slots[k]`, -1 for none) to packed flat indices, `num_rows * row_tokens` (a zero) where it has no token."""
+    source = np.full((num_rows, row_tokens), -1, np.int32)
+    segment_ids = np.zeros((num_rows, row_tokens), np.int32)
+    positions = np.zeros((num_rows, row_tokens), np.int32)
+    unpack = np.full((len(slots), width), num_rows * row_tokens, np.int32)
+    slot_of = {int(row): k for k, row in enumerate(slots) if row >= 0}
+    for r, group in enumerate(groups):
+        offset = 0
+        for segment, row in enumerate(group, start=1):
+            n, start = int(counts[row]), int(first[row])
+            steps = np.arange(n, dtype=np.int32)
+            source[r, offset : offset + n] = row * width + start + steps
+            segment_ids[r, offset : offset + n] = segment
+            positions[r, offset : offset + n] = steps
+            unpack[slot_of[int(row)], start : start + n] = r * row_tokens + offset + steps
+            offset += n
+    return dict(source=source, segment_ids=segment_ids, positions=positions, unpack=unpack)
+
+
+def plan_passes(
+    attention_mask: np.ndarray,
+    row_tokens: int,
+    *,
+    rows_per_chunk: Optional[int] = None,
+    rows_multiple: int = 1,
+) -> Dict[str, np.ndarray]:
+    """Every row of an `[N, L]` batch packed into `[P, row_tokens]` rows (P a `bucket_count`, a multiple of
+    `rows_multiple`, the data-parallel shards), with `unpack [N, L]`. With `rows_per_chunk`, the rows are
+    `[P / rows_per_chunk, rows_per_chunk, T]`: the passes run a chunk at a time (the update's micro-batch)."""
+    first, counts = token_extents(attention_mask)
+    rows = [int(r) for r in np.flatnonzero(counts > 0)]
+    groups = [[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)]
+    if rows_per_chunk:
+        rows_per_chunk = -(-rows_per_chunk // rows_multiple) * rows_multiple
+        num_rows = bucket_count(-(-len(groups) // rows_per_chunk)) * rows_per_chunk
+    else:
+        num_rows = bucket_count(len(groups), rows_multiple)
+    width = attention_mask.shape[1]
+    plan = _layout(groups, list(range(len(counts))), first, counts, width, num_rows, row_tokens)
+    if rows_per_chunk:
+        for key in ("source", "segment_ids", "positions"):
+            plan[key] = plan[key].reshape(-1, rows_per_chunk, row_tokens)
+    return plan
+
+
+def plan_update(
+    attention_mask: np.ndarray,
+    trained: np.ndarray,
+    order: np.ndarray,
+    row_tokens: int,
+    *,
+    rows_per_micro: Optional[int] = None,
+    rows_multiple: int = 1,
+    response_mask: Optional[np.ndarray] = None,
+) -> Dict[str, np.ndarray]:
+    """The update's packed micro-batches.
+
+    Args:
+      attention_mask: `[N, L]`, the padded batch's.
+      trained: `[N]` bool, the rows with a token any loss counts (response or value mask); the others add
+        nothing to a loss or a metric and are left out.
+      order: `[S, mini]` the padded rows of each minibatch step (`update.minibatch_order`).
+      row_tokens: columns of a packed row.
+      rows_per_micro: packed rows per micro-batch (the token budget / `row_tokens`); None: one micro-batch.
+      rows_multiple: packed rows per micro-batch are a multiple of it (data-parallel shards).
+      response_mask: checked as `token_extents` says.
+
+    Returns:
+      `source`, `segment_ids`, `positions` `[S, A, R, T]`; `rows` `[S, A, K]` (padded row of each loss-side
+      slot, N for an empty slot); `unpack` `[S, A, K, L]` into the micro-batch's `[R * T]` packed tokens.
+      A, R and K are the same for every step (the largest needed, bucketed); a step with fewer micro-batches
+      or sequences has empty ones.
+    """
+    first, counts = token_extents(attention_mask, response_mask)
+    width, total = attention_mask.shape[1], attention_mask.shape[0]
+    order = np.asarray(order)
+    steps: List[List[Tuple[List[List[int]], List[int]]]] = []  # per step, per micro-batch: (groups, sequences)
+    for step_rows in order:
+        rows = [int(r) for r in step_rows if trained[r] and counts[r] > 0]
+        groups = [[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)]
+        per = max(len(groups), 1) if rows_per_micro is None else rows_per_micro
+        micro = [groups[i : i + per] for i in range(0, len(groups), per)] or [[]]
+        steps.append([(g, [row for group in g for row in group]) for g in micro])
+    num_micro = max(len(s) for s in steps)
+    if rows_per_micro is None:
+        num_rows = bucket_count(max(len(g) for s in steps for g, _ in s), rows_multiple)
+    else:
+        num_rows = -(-rows_per_micro // rows_multiple) * rows_multiple
+    # Loss-side slots per micro-batch: the whole minibatch when it is one micro-batch (one shape whatever the
+    # lengths: the loss-side arrays are cheap, a recompile is not), else the most any micro-batch holds.
+    slots = order.shape[1] if rows_per_micro is None else bucket_count(max(len(q) for s in steps for _, q in s))
+    out = {
+        "source": np.full((len(steps), num_micro, num_rows, row_tokens), -1, np.int32),
+        "segment_ids": np.zeros((len(steps), num_micro, num_rows, row_tokens), np.int32),
+        "positions": np.zeros((len(steps), num_micro, num_rows, row_tokens), np.int32),
+        "rows": np.full((len(steps), num_micro, slots), total, np.int32),
+        "unpack": np.full((len(steps), num_micro, slots, width), num_rows * row_tokens, np.int32),
+    }
+    for s, micro in enumerate(steps):
+        for a, (groups, seqs) in enumerate(micro):
+            padded_slots = seqs + [-1] * (slots - len(seqs))
+            layout = _layout(groups, padded_slots, first, counts, width, num_rows, row_tokens)
+            for key, value in layout.items():
+                out[key][s, a] = value
+            out["rows"][s, a, : len(seqs)] = seqs
+    return out

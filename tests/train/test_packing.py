@@ -1,0 +1,244 @@
+"""Sequence packing: the planner's invariants, and packed passes and updates equal to padded ones (every loss
+aggregation mode, with and without a critic, the action-level and decoupled losses, token-budget micro-batches)."""
+
+import functools
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+
+from mathrl_jax import losses
+from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
+from mathrl_jax.models.qwen import default_positions
+from mathrl_jax.train import packing
+from mathrl_jax.train.state import create_train_state
+from mathrl_jax.train.update import (
+    PACKED,
+    UpdateConfig,
+    compute_logprobs_fn,
+    compute_values_fn,
+    make_update_fn,
+    packed_inputs,
+    unpack,
+    with_packing,
+)
+
+CONFIG = tiny_config(num_hidden_layers=1)
+N, P, L = 12, 6, 18  # rows, prompt column, width
+
+
+@functools.lru_cache(maxsize=None)
+def split(kind):
+    model = (QwenForCausalLM if kind == "policy" else QwenCritic)(CONFIG, rngs=nnx.Rngs(0 if kind == "policy" else 1))
+    return nnx.split(model)
+
+
+def ragged_layout(seed, rows=N):
+    """`[pad | prompt]` ending at column P, then `[completion | pad]`: prompts of 1..P, completions of 0..L-P."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(1, P + 1, rows)
+    completions = rng.integers(0, L - P + 1, rows)
+    completions[0] = L - P  # one full row
+    columns = np.arange(L)
+    attention = ((columns >= P - prompts[:, None]) & (columns < P + completions[:, None])).astype(np.int32)
+    response = ((columns >= P) & (columns < P + completions[:, None])).astype(np.float32)
+    return attention, response
+
+
+def make_batch(seed=0, critic=False, actions=False):
+    attention, response = ragged_layout(seed)
+    rng = np.random.default_rng(seed + 100)
+    ids = rng.integers(3, CONFIG.vocab_size, (N, L)).astype(np.int32) * attention
+    graphdef, params = split("policy")
+    old = np.asarray(compute_logprobs_fn(graphdef)(params, ids, attention)) * response
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "response_mask": response,
+        "old_logprobs": (old + 0.1 * rng.normal(size=(N, L)) * response).astype(np.float32),
+        "proximal_logprobs": (old + 0.05 * rng.normal(size=(N, L)) * response).astype(np.float32),
+        "ref_logprobs": (old - 0.1 * rng.normal(size=(N, L)) * response).astype(np.float32),
+        "advantages": (rng.normal(size=(N, L)) * response).astype(np.float32),
+    }
+    if critic:
+        batch["value_mask"] = response * (rng.random((N, L)) < 0.7)
+        batch["returns"] = (rng.normal(size=(N, L)) * response).astype(np.float32)
+        batch["old_values"] = (0.1 * rng.normal(size=(N, L)) * response).astype(np.float32)
+    if actions:
+        batch["action_index"] = (np.cumsum(rng.random((N, L)) < 0.3, axis=1) * response).astype(np.int32)
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def run(cfg, batch, critic=False, packed=None):
+    """(state, metrics) of one update, padded or (`packed` = with_packing's keyword arguments) packed."""
+    graphdef, params = split("policy")
+    sgd = optax.sgd(0.1)  # params move by exactly -0.1 grad: equal params are equal gradients
+    critic_sgd = optax.sgd(0.01)  # the critic's summed losses are larger
+    critic_graphdef, critic_params = split("critic") if critic else (None, None)
+    state = create_train_state(
+        params, sgd, seed=3, critic_params=critic_params, critic_optimizer=critic_sgd if critic else None
+    )
+    if packed is not None:
+        batch = with_packing(batch, state.rng, epochs=cfg.ppo_epochs, num_mini_batches=cfg.num_mini_batches, **packed)
+    update = make_update_fn(
+        graphdef,
+        sgd,
+        cfg,
+        critic_graphdef=critic_graphdef,
+        critic_optimizer=critic_sgd if critic else None,
+        donate=False,
+    )
+    return update(state, batch)
+
+
+def assert_same_update(a, b):
+    """Equal parameter changes, to float32 rounding relative to the change (SGD at lr 0.1 over several steps
+    moves weights by up to ~2 here, and summation order differs between the layouts), and equal metrics."""
+    (state_a, metrics_a), (state_b, metrics_b) = a, b
+    for trees in (
+        (state_a.params, state_b.params, split("policy")[1]),
+        (state_a.critic_params, state_b.critic_params, split("critic")[1]),
+    ):
+        if trees[0] is None:
+            continue
+        for x, y, start in zip(*(jax.tree.leaves(t) for t in trees)):
+            x, y, start = np.asarray(x), np.asarray(y), np.asarray(start)
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-4 * np.abs(x - start).max() + 1e-6)
+    assert set(metrics_a) == set(metrics_b)
+    for key in metrics_a:
+        np.testing.assert_allclose(metrics_a[key], metrics_b[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+# --- the planner ---------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=40), st.integers(20, 64))
+def test_first_fit_places_every_item_once_within_capacity(lengths, capacity):
+    bins = packing.first_fit(lengths, capacity)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= capacity for b in bins)
+    # First-fit decreasing never leaves two bins that could have been one bin's worth of the smallest items:
+    # at most one bin is half empty or less.
+    assert sum(sum(lengths[i] for i in b) * 2 <= capacity for b in bins) <= 1
+
+
+def test_first_fit_refuses_a_sequence_longer_than_a_row():
+    with pytest.raises(ValueError, match="33 tokens does not fit in rows of 32"):
+        packing.first_fit([3, 33], 32)
+
+
+def test_bucket_counts_are_few_and_waste_at_most_a_quarter():
+    sizes = {packing.bucket_count(n) for n in range(1, 1025)}
+    assert len(sizes) <= 8 + 4 * 7
+    for n in range(1, 1025):
+        b = packing.bucket_count(n)
+        assert n <= b <= max(8, int(n * 1.25) + 1)
+        assert packing.bucket_count(n, 4) % 4 == 0 and packing.bucket_count(n, 4) >= n
+
+
+def test_the_passes_plan_holds_each_token_once_at_its_padded_position():
+    attention, _ = ragged_layout(1)
+    ids = np.arange(N * L, dtype=np.int32).reshape(N, L) + 1  # every token its own id
+    plan = packing.plan_passes(attention, row_tokens=24, rows_multiple=2)
+    assert plan["source"].shape[0] % 2 == 0 and plan["source"].shape[1] == 24
+    packed = np.asarray(packed_inputs(jnp.asarray(ids), jnp.asarray(plan["source"])))
+    real = plan["segment_ids"] > 0
+    assert sorted(packed[real]) == sorted(ids[attention > 0])  # each real token exactly once
+    assert (packed[~real] == 0).all()
+    # Back in the padded layout: the same token at the same place, and the positions the padded rows use.
+    back = np.asarray(unpack(jnp.asarray(packed), {"unpack": jnp.asarray(plan["unpack"])}))
+    np.testing.assert_array_equal(back, ids * attention)
+    positions = np.asarray(unpack(jnp.asarray(plan["positions"]), {"unpack": jnp.asarray(plan["unpack"])}))
+    np.testing.assert_array_equal(
+        positions * attention, np.asarray(default_positions(jnp.asarray(attention))) * attention
+    )
+    assert real.sum() / real.size > (attention > 0).sum() / attention.size  # denser than the padded rows
+
+
+def test_packing_refuses_rows_it_cannot_score_the_same():
+    attention, response = ragged_layout(2)
+    holed = attention.copy()
+    holed[0, P] = 0  # row 0 has a prompt and a full completion: a hole between them
+    with pytest.raises(ValueError, match="row 0's tokens are not contiguous"):
+        packing.token_extents(holed)
+    opens = response.copy()
+    opens[5, P - 1] = 1  # a response token at the prompt's first column when the prompt has one token
+    attention[5, : P - 1] = 0
+    with pytest.raises(ValueError, match="row 5 starts with a response token"):
+        packing.token_extents(attention, opens)
+
+
+# --- packed passes and updates equal padded ones ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 2])
+def test_packed_log_probs_and_values_equal_the_padded_ones(chunk_rows):
+    batch = make_batch(4)
+    attention = np.asarray(batch["attention_mask"])
+    plan = {k: jnp.asarray(v) for k, v in packing.plan_passes(attention, 24, rows_per_chunk=chunk_rows).items()}
+    if chunk_rows:
+        assert plan["source"].shape[1] == chunk_rows
+    mask = batch["attention_mask"] * jnp.roll(batch["attention_mask"], 1, axis=1)  # tokens with one before them
+    graphdef, params = split("policy")
+    logprobs = compute_logprobs_fn(graphdef, temperature=0.7, chunk_rows=chunk_rows)
+    padded = logprobs(params, batch["input_ids"], batch["attention_mask"])
+    packed = logprobs(params, batch["input_ids"], batch["attention_mask"], plan)
+    np.testing.assert_allclose(np.asarray(packed * mask), np.asarray(padded * mask), rtol=1e-5, atol=1e-5)
+    critic_graphdef, critic_params = split("critic")
+    values = compute_values_fn(critic_graphdef, chunk_rows=chunk_rows)
+    padded = values(critic_params, batch["input_ids"], batch["attention_mask"])
+    packed = values(critic_params, batch["input_ids"], batch["attention_mask"], plan)
+    np.testing.assert_allclose(np.asarray(packed * mask), np.asarray(padded * mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+def test_a_packed_update_equals_the_padded_update(mode):
+    batch = make_batch(5, critic=True)
+    cfg = UpdateConfig(
+        num_mini_batches=2,
+        ppo_epochs=2,
+        loss_agg_mode=mode,
+        norm_constant=12.0 if "norm" in mode else None,
+        kl_coef=0.1,
+        entropy_coef=0.01,
+    )
+    # Token-budget micro-batches of one packed row each (the one-micro-batch plan: the next tests).
+    assert_same_update(run(cfg, batch, True), run(cfg, batch, True, packed=dict(row_tokens=24, rows_per_micro=1)))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(policy_loss="action_ppo", minibatch_whitening="actions"),
+        dict(policy_loss="ppo", minibatch_whitening="nonzero"),
+        dict(policy_loss="decoupled_ppo", behaviour_weight_cap=2.0),
+        pytest.param(dict(policy_loss="gspo"), marks=pytest.mark.slow),
+        pytest.param(dict(policy_loss="ppo", clip_c=3.0, clip_high=0.28, target_kl=0.005), marks=pytest.mark.slow),
+    ],
+    ids=["appo", "tppo_whitening", "decoupled", "gspo", "dual_clip_kl_skip"],
+)
+def test_a_packed_update_equals_the_padded_update_for_each_policy_loss(settings):
+    batch = make_batch(6, critic=True, actions=True)
+    cfg = UpdateConfig(num_mini_batches=3, entropy_coef=0.01, **settings)
+    padded = run(cfg, batch, critic=True)
+    assert_same_update(padded, run(cfg, batch, critic=True, packed=dict(row_tokens=32, rows_per_micro=1)))
+
+
+def test_rows_with_nothing_to_train_are_left_out_of_the_packed_update():
+    batch = make_batch(7)
+    dropped = jnp.asarray(np.arange(N) % 3 == 0)
+    batch["response_mask"] = jnp.where(dropped[:, None], 0.0, batch["response_mask"])  # DAPO-filtered rows
+    cfg = UpdateConfig(num_mini_batches=2, loss_agg_mode="seq-mean-token-mean")
+    graphdef, params = split("policy")
+    state = create_train_state(params, optax.sgd(1.0), seed=3)
+    plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=24)[PACKED]
+    kept = set(np.asarray(plan["rows"]).ravel().tolist()) - {N}
+    assert kept == set(np.flatnonzero(np.asarray(batch["response_mask"]).sum(axis=1) > 0).tolist())
+    assert not kept & set(np.flatnonzero(np.asarray(dropped)).tolist())
+    assert_same_update(run(cfg, batch), run(cfg, batch, packed=dict(row_tokens=24)))
