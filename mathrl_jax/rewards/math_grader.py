@@ -11,6 +11,11 @@ as verl's `last_boxed_only_string`), else the text after the last "answer is" /
 Math-Shepherd's "The answer is: X") or GSM8K's "#### X" on the rest of its line
 (`extraction`).
 
+Plain integers. When the answer and the gold are both plain integer literals ("42",
+"-7"; `_plain_integer_verdict`), math-verify's verdict is computed in the calling
+process, without a worker: "correct" if they are equal as strings, else "incorrect".
+Everything else goes to math-verify.
+
 Timeouts. math-verify runs in persistent worker processes with its own
 `signal.alarm` timeout disabled, and the caller waits for the answer on a socket with
 a deadline: a worker that runs past `timeout_s`, crashes or dies is killed and
@@ -37,6 +42,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import os
+import re
 import threading
 from collections.abc import Sequence
 
@@ -126,6 +132,33 @@ def _check_timeout(timeout_s) -> float:
     return float(timeout_s)
 
 
+_PLAIN_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,99}")
+"""A plain integer literal: "0", or an optional "-" and 1 to 100 ASCII digits without a leading zero."""
+
+
+def _plain_integer_verdict(gold_answer: str, answer: str) -> str | None:
+    """math-verify's verdict on two plain integers, without math-verify: "correct" | "incorrect" | None.
+
+    Accepts a gold and an answer (as the worker would get them) that both fully match
+    `_PLAIN_INTEGER`, and returns "correct" when the strings are equal, else
+    "incorrect"; None (ask math-verify) for anything else: "+5", "05", "-0", "1,000",
+    "5.", "5.0", "50\\%", "2^{10}", spaces, non-ASCII digits, more than 100 digits.
+
+    The verdict is math-verify's: such a literal is the only way of writing its
+    number, so two are equal as numbers iff equal as strings; and math-verify parses
+    each to `[Integer(n), "n"]` (sympy's exact integer, then the string) and compares
+    two Integers exactly (its float rounding applies only when one side is a Float;
+    `sympy_numeric_eq`), two strings as strings, an Integer and a string never. So it
+    finds a match iff the integers are equal. The bound on digits keeps pathological
+    answers (a megabyte of digits; Python parses at most 4300 digits to an int by
+    default) on the worker, with its time and memory limits. Property-tested against
+    the workers (tests/rewards/test_math_grader.py).
+    """
+    if _PLAIN_INTEGER.fullmatch(gold_answer) and _PLAIN_INTEGER.fullmatch(answer):
+        return "correct" if answer == gold_answer else "incorrect"
+    return None
+
+
 def _grade_with(pool: WorkerPool, response: str, gold_answer: str, timeout_s: float) -> GradeResult:
     _require_str(response, "response")
     boxed = extract_boxed(response)
@@ -133,7 +166,10 @@ def _grade_with(pool: WorkerPool, response: str, gold_answer: str, timeout_s: fl
     answer = extract_answer(response)
     if answer is None:
         return GradeResult("no_answer", None, formatted)
-    status, detail = pool.run(gold_answer, _clean_answer(answer), timeout_s)
+    cleaned = _clean_answer(answer)
+    status, detail = _plain_integer_verdict(gold_answer, cleaned), None
+    if status is None:
+        status, detail = pool.run(gold_answer, cleaned, timeout_s)
     return GradeResult(status, answer, formatted, detail)
 
 

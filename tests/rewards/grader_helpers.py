@@ -21,7 +21,7 @@ def grade_timed(cases, timeout_s):
     """[(status, seconds)] of `grade` on each case, after one untimed call that starts the workers."""
     from mathrl_jax.rewards.math_grader import grade
 
-    assert grade("\\boxed{1}", "1", timeout_s=60.0).correct
+    assert grade("\\boxed{1.0}", "1", timeout_s=60.0).correct  # not a plain integer: it goes to a worker
     out = []
     for response, gold in cases:
         start = time.monotonic()

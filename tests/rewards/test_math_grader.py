@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mathrl_jax.rewards import (
@@ -20,6 +20,7 @@ from mathrl_jax.rewards import (
     extract_answer,
     extract_boxed,
     grade,
+    math_grader,
     reward_value,
 )
 from tests.rewards.grader_helpers import ADVERSARIAL, MB, grade_timed
@@ -235,6 +236,76 @@ def test_batch_keeps_order_and_counts_metrics(grader):
     assert metrics["reward/mean"] == pytest.approx(float(np.mean(rewards)))
 
 
+# ---------------------------------------------------------------------------- plain integers without math-verify
+
+# Ways of writing a number n: the plain literal, and forms math-verify reads as n, as another number, or not at all.
+FORMS = [
+    str,
+    lambda n: f"+{n}",
+    lambda n: f"-{n}",  # "-0", and "--5" for a negative n
+    lambda n: ("-0" if n < 0 else "0") + str(abs(n)),  # a leading zero
+    lambda n: f"{n}.",
+    lambda n: f"{n}.0",
+    lambda n: f"{n}.00001",
+    lambda n: f"{n}.9999999",
+    lambda n: f"{n:,}",
+    lambda n: f"{n}\\%",
+    lambda n: f" {n}",
+    lambda n: f"{n}e0",
+]
+FORM = st.one_of(st.just(str), st.sampled_from(FORMS))  # the plain literal half the time
+INTEGERS = st.one_of(
+    st.integers(-12, 12),
+    st.integers(-(10**7), 10**7),
+    st.integers(-(10**30), 10**30),
+    st.integers(10**98, 10**101).flatmap(lambda n: st.sampled_from([n, -n])),  # around the 100-digit bound
+)
+
+
+def is_plain_integer(s):
+    """The fast path's domain, written independently of its regex."""
+    try:
+        return s == str(int(s)) and len(s.lstrip("-")) <= 100
+    except ValueError:
+        return False
+
+
+@st.composite
+def numeric_pairs(draw):
+    """(gold, answer): the same number, or one near it, each written in one of the FORMS."""
+    n = draw(INTEGERS)
+    m = n + draw(st.sampled_from([0, 0, 0, 1, -1, 10, -2 * n])) if draw(st.booleans()) else draw(INTEGERS)
+    return draw(FORM)(n), draw(FORM)(m)
+
+
+@settings(max_examples=500, deadline=None)
+@given(pair=numeric_pairs())
+def test_plain_integer_verdict_is_math_verifys(grader, pair):
+    gold, answer = pair
+    fast = math_grader._plain_integer_verdict(gold, answer)
+    assert (fast is not None) == (is_plain_integer(gold) and is_plain_integer(answer)), pair
+    event(f"fast path: {fast}")
+    if fast is not None:
+        assert (fast, None) == grader._pool.run(gold, answer, 30.0), pair  # the worker: math-verify itself
+
+
+def test_plain_integers_skip_the_workers_with_the_same_results(monkeypatch):
+    responses = ["\\boxed{42}", "so $\\boxed{-7}$.", "\\boxed{ 12 }", "The answer is 5.", "2+3\n#### 6", "\\boxed{0}"]
+    responses += ["\\boxed{}", "no answer", "\\boxed{x}", "\\boxed{" + "9" * 101 + "}", "\\boxed{1,000}", "\\boxed{05}"]
+    golds = ["42", "-7", "12", "5", "7", "0"] + ["1", "1", "1", "9" * 101, "1000", "We get $\\boxed{5}$."]
+    with MathGrader(timeout_s=10.0) as g:
+        calls = []
+        run = g._pool.run
+        monkeypatch.setattr(g._pool, "run", lambda *args: calls.append(args) or run(*args))
+        fast = g.grade_batch(responses, golds)
+        expected = [("1", "x"), ("9" * 101,) * 2, ("1000", "1,000"), ("5", "05")]
+        assert sorted((gold, answer) for gold, answer, _ in calls) == sorted(expected)  # the workers' threads race
+        assert [r.status for r in fast] == [C, C, C, C, I, C, N, N, I, C, C, C]
+        monkeypatch.setattr(math_grader, "_plain_integer_verdict", lambda gold, answer: None)  # all to math-verify
+        assert g.grade_batch(responses, golds) == fast  # status, extracted, formatted, detail
+        assert len(calls) == 4 + 10
+
+
 # ---------------------------------------------------------------------------- timeouts and failures
 
 TIMEOUT_S = 0.5
@@ -290,17 +361,17 @@ def wait_dead(pid, timeout_s=10.0):
 
 def test_dead_workers_and_zygote_are_replaced(grader):
     pool = grader._pool
-    assert grader.grade_batch(["\\boxed{1}"], ["1"])[0].correct
+    assert grader.grade_batch(["\\boxed{1.0}"], ["1"])[0].correct  # 1.0, not a plain integer: graded by a worker
     zygote_pid = pool._zygote.process.pid
     # A worker killed while idle: the next request goes to a fresh one.
     for pid in children_of(zygote_pid):
         os.kill(pid, signal.SIGKILL)
         wait_dead(pid)
-    assert [r.status for r in grader.grade_batch(["\\boxed{2}", "\\boxed{3}"], ["2", "4"])] == [C, I]
+    assert [r.status for r in grader.grade_batch(["\\boxed{2.0}", "\\boxed{3.0}"], ["2", "4"])] == [C, I]
     # A worker killed while grading: "error" at once, not a timeout.
     slow = MathGrader(timeout_s=60.0, num_workers=1)
     try:
-        assert slow.grade_batch(["\\boxed{1}"], ["1"])[0].correct
+        assert slow.grade_batch(["\\boxed{1.0}"], ["1"])[0].correct
         results = []
         thread = threading.Thread(target=lambda: results.extend(slow.grade_batch([ADVERSARIAL[2][0]], ["5"])))
         start = time.monotonic()
