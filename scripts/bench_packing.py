@@ -141,7 +141,7 @@ def main(argv=None):
         pad, pack = results[(name, "padded")], results[(name, "packed")]
         speedup = pad[1] / pack[1]
         print(
-            f"| {name} | {pad[1]:.2f} ({pad[2]:.2f}-{pad[3]:.2f}) | {pack[1]:.2f} ({pack[2]:.2f}-{pack[3]:.2f}) | "
+            f"| {name} | {pad[1]:.3g} ({pad[2]:.3g}-{pad[3]:.3g}) | {pack[1]:.3g} ({pack[2]:.3g}-{pack[3]:.3g}) | "
             f"{speedup:.2f}x | {speedup / ratio:.2f} | {pad[0]:.1f} / {pack[0]:.1f} |"
         )
     print(f"\njax {jax.__version__}, python {platform.python_version()}")
