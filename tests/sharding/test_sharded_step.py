@@ -177,3 +177,45 @@ def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
     for (path, leaf), want in zip(jax.tree_util.tree_leaves_with_path(state), jax.tree_util.tree_leaves(shardings)):
         assert leaf.sharding.is_equivalent_to(want, leaf.ndim), (jax.tree_util.keystr(path), leaf.sharding, want)
     assert update._cache_size() == 1
+
+
+def test_a_packed_update_on_a_mesh_equals_it_on_one_device():
+    """Packed micro-batches (rows a multiple of dp x fsdp) on 8 devices: the same step as one device's."""
+    from mathrl_jax.train.build import place_state
+    from mathrl_jax.train.state import create_train_state
+    from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, make_update_fn, with_packing
+
+    graphdef, params = nnx.split(QwenForCausalLM(CONFIG, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(1)
+    columns = np.arange(16)
+    prompts, responses = rng.integers(1, 7, 8), rng.integers(1, 11, 8)
+    attention = ((columns >= 6 - prompts[:, None]) & (columns < 6 + responses[:, None])).astype(np.int32)
+    response = ((columns >= 6) & (columns < 6 + responses[:, None])).astype(np.float32)
+    ids = jnp.asarray(rng.integers(3, CONFIG.vocab_size, (8, 16)) * attention, jnp.int32)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": jnp.asarray(attention),
+        "response_mask": jnp.asarray(response),
+        "old_logprobs": compute_logprobs_fn(graphdef)(params, ids, jnp.asarray(attention)) * response,
+        "advantages": jnp.asarray(rng.normal(size=(8, 1)) * response, jnp.float32),
+    }
+    cfg = UpdateConfig(num_mini_batches=2, kl_coef=0.0)
+    results = []
+    for shape in [None, (2, 2, 2)]:
+        state = create_train_state(params, OPTIMIZER, seed=0)
+        mesh = None
+        if shape is not None:
+            mesh = S.make_mesh(dict(zip(("dp", "fsdp", "tp"), shape)), num_attention_heads=CONFIG.num_attention_heads)
+            state = place_state(state, mesh, S.qwen_rules(CONFIG.num_key_value_heads, tp=shape[2]))
+        packed = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=16, rows_multiple=4)
+        assert packed["packed"]["source"].shape[2] % 4 == 0
+        update = make_update_fn(graphdef, OPTIMIZER, cfg, donate=False)
+        if mesh is None:
+            results.append(jax.device_get(update(state, packed)))
+        else:
+            with jax.set_mesh(mesh):
+                results.append(jax.device_get(update(state, packed)))
+    (one, one_metrics), (many, many_metrics) = results
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(many.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(one_metrics["loss"], many_metrics["loss"], rtol=1e-4, atol=1e-6)
