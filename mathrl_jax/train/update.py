@@ -273,9 +273,7 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads), metrics), None
 
     first = jax.tree.map(lambda x: x[0], micro_batches)
-    (_, metrics_shape), _ = jax.eval_shape(
-        lambda: jax.value_and_grad(objective, has_aux=True)(params, first, denominator)
-    )
+    _, metrics_shape = jax.eval_shape(objective, params, first, denominator)  # the forward alone gives the shapes
     zeros = (
         jnp.zeros((), jnp.float32),
         jax.tree.map(jnp.zeros_like, params),
