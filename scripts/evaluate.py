@@ -109,12 +109,23 @@ def main(argv=None) -> int:
                 "pip install -e '.[vllm]'); use --sampler jax"
             )
 
+    from mathrl_jax.sharding import distributed
+
+    try:  # one process of several (jax.distributed): join before any other JAX call
+        several = distributed.initialize()
+    except ValueError as error:
+        parser.error(str(error))
+
+    import jax
+
+    from mathrl_jax import sharding
     from mathrl_jax.data import arithmetic, format_prompt, load_problems
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.models import hf
     from mathrl_jax.rewards.math_grader import MathGrader
     from mathrl_jax.sampling import JaxSampler
     from mathrl_jax.train.codec import TextCodec
+    from mathrl_jax.train.collect import SerialGrader
     from mathrl_jax.train.evaluation import evaluate
     from mathrl_jax.train.validation import TrainingError
 
@@ -136,16 +147,18 @@ def main(argv=None) -> int:
 
         sampler = VllmSampler(args.model, config=model.config)
     else:
+        # Several processes: one sampler mesh over all their devices, each decoding its share of the rows.
+        mesh = sharding.make_mesh({"dp": -1, "fsdp": 1, "tp": 1}) if several else None
         sampler = JaxSampler(
-            model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec
+            model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec, mesh=mesh
         )
     prompts = [codec.encode(format_prompt(p.question, args.template, tokenizer=codec.tokenizer)) for p in problems]
-    with MathGrader() as grader:
+    with MathGrader() as math_grader:
         metrics = evaluate(
             sampler,
             prompts,
             [p.answer for p in problems],
-            grader,
+            SerialGrader(math_grader),  # across processes: each grades its share, the verdicts are gathered
             codec.decode,
             max_new_tokens=args.max_new_tokens,
             n_samples=args.n_samples,
@@ -155,7 +168,8 @@ def main(argv=None) -> int:
             batch_tokens=args.batch_tokens if args.sampler == "jax" else None,
         )
     metrics["problems"] = len(problems)
-    print(json.dumps(metrics, indent=2))
+    if not several or jax.process_index() == 0:
+        print(json.dumps(metrics, indent=2))
     return 0
 
 

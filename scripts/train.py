@@ -45,9 +45,46 @@ def parse_config(argv):
         fail(f"cannot load the config: {error}")
 
 
+def join_processes(config) -> bool:
+    """Starts `jax.distributed` when this is one process of several (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID, or SLURM / Open MPI), before any other JAX call; returns whether it did."""
+    from mathrl_jax.sharding import distributed
+
+    try:
+        return distributed.initialize(heartbeat_timeout_s=config.heartbeat_timeout_s)
+    except ValueError as error:
+        fail(str(error))
+
+
+def leave(code: int, message: str, timeout_s: int = 0) -> None:
+    """Ends one process of several at once: exiting normally would wait for the others at jax.distributed's
+    shutdown barrier while they wait for this one at their next collective. Its heartbeats stop, so a process
+    that did not fail alike is aborted within heartbeat_timeout_s, its log naming this one.
+
+    After a failure that may be a lost peer's (a collective's connection broke), it first waits up to
+    `timeout_s` for jax.distributed's coordination service, which then aborts this process with a line naming
+    the lost process ("The following tasks are unhealthy (stopped sending heartbeats): 1").
+    """
+    import time
+
+    import jax
+
+    print(f"train.py: error (process {jax.process_index()} of {jax.process_count()}): {message}", file=sys.stderr)
+    if timeout_s:
+        print(
+            f"train.py: waiting up to {timeout_s} s for jax.distributed to name a lost process, if one was lost",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(timeout_s)
+    os._exit(code)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
     config = parse_config(argv)
+    several = join_processes(config)
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.models.hf import CheckpointError
     from mathrl_jax.models.qwen import ConfigError
@@ -57,7 +94,20 @@ def main(argv=None) -> int:
     try:
         summary = train(config)
     except (TrainingError, DataError, ConfigError, CheckpointError) as error:
+        if several:
+            leave(2, str(error))
         fail(str(error))
+    except BaseException:
+        if several:
+            import traceback
+
+            leave(1, traceback.format_exc(), timeout_s=config.heartbeat_timeout_s + 10)
+        raise
+    if several:
+        import jax
+
+        if jax.process_index() != 0:
+            return 0  # process 0 prints the summary
     warm = summary["warmstart"]
     curve = summary["eval"]
     print(f"run directory: {config.run_dir}")

@@ -139,4 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
     # decoding beside a tensor-parallel trainer: --config.sampler_mesh.dp=-1
     # --config.sampler_mesh.fsdp=1 --config.sampler_mesh.tp=1.
     config.sampler_mesh = ml_collections.ConfigDict({axis: placeholder(int) for axis in ("dp", "fsdp", "tp")})
+    # Several processes (jax.distributed, started by scripts/train.py from JAX_COORDINATOR_ADDRESS /
+    # JAX_NUM_PROCESSES / JAX_PROCESS_ID, SLURM or Open MPI): a process lost for this long aborts the others.
+    config.heartbeat_timeout_s = 100
     return config

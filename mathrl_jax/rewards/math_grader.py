@@ -294,9 +294,7 @@ class MathGrader:
         "reward/format_rate" (fraction with a boxed answer), "reward/timeout_count",
         "reward/error_count".
         """
-        results = self.grade_batch(responses, golds)
-        rewards = np.asarray([reward_value(r, self.values) for r in results], np.float32)
-        return rewards, grade_metrics(results, rewards)
+        return batch_rewards(self.grade_batch(responses, golds), self.values)
 
     def close(self) -> None:
         """Stops the worker threads and processes; idempotent."""
@@ -318,6 +316,12 @@ class MathGrader:
             self.close()
         except Exception:  # noqa: BLE001, S110  best effort at garbage collection
             pass
+
+
+def batch_rewards(results: Sequence[GradeResult], values: RewardValues) -> tuple[np.ndarray, dict[str, float]]:
+    """(`[N]` float32 rewards, `grade_metrics`) of a batch's verdicts."""
+    rewards = np.asarray([reward_value(r, values) for r in results], np.float32)
+    return rewards, grade_metrics(results, rewards)
 
 
 def grade_metrics(results: Sequence[GradeResult], rewards: np.ndarray | None = None) -> dict[str, float]:

@@ -32,6 +32,7 @@ from flax import nnx
 
 from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
+from mathrl_jax.sharding.distributed import fetch
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
@@ -372,7 +373,7 @@ class JaxSampler:
         A row is checked until it is settled: finished (by a stop token, the
         length limit or a stop string) and checked once after finishing.
         """
-        tokens, lengths, finish = jax.device_get((carry["tokens"], carry["lengths"], carry["finish"]))
+        tokens, lengths, finish = fetch((carry["tokens"], carry["lengths"], carry["finish"]))
         finish, lengths = finish.copy(), lengths.copy()
         changed = False
         for row in range(live_rows):
@@ -390,7 +391,8 @@ class JaxSampler:
         return carry
 
     def _rollouts(self, carry, prompt_ids, n, stop_strings) -> Rollouts:
-        tokens, logprobs, policy_logprobs, lengths, finish, stop_token = jax.device_get(
+        # `fetch`: across processes each holds its rows' shards; every process gets every row.
+        tokens, logprobs, policy_logprobs, lengths, finish, stop_token = fetch(
             (
                 carry["tokens"],
                 carry["logprobs"],

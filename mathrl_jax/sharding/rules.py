@@ -36,6 +36,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from mathrl_jax.sharding import distributed
+
 Rules = Tuple[Tuple[str, P], ...]
 
 
@@ -110,8 +112,8 @@ def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
 
 
 def shard_tree(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
-    """Moves every leaf of `tree` to its rule's sharding."""
-    return jax.device_put(tree, tree_shardings(tree, mesh, rules))
+    """Moves every leaf of `tree` to its rule's sharding (across processes too: `distributed.put`)."""
+    return distributed.put(tree, tree_shardings(tree, mesh, rules))
 
 
 def sharded_init(init_fn: Callable[[], Any], mesh: jax.sharding.Mesh, rules: Rules) -> Any:

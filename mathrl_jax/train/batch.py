@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mathrl_jax.sampling.jax_sampler import bucket
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train import packing
 from mathrl_jax.train import rollout as rollout_lib
 from mathrl_jax.train import update as update_lib
@@ -129,7 +130,8 @@ def prepare_batch(
     plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
     mask = np.asarray(batch["response_mask"]) > 0
     if plain_sampling and mask.any():  # sampler vs trainer log-probs of the same tokens: a health check
-        metrics["rollout/sampler_logprob_diff"] = float(np.abs(np.asarray(old) - sampler_logprobs)[mask].mean())
+        diff = np.abs(distributed.fetch(old) - sampler_logprobs)[mask].mean()
+        metrics["rollout/sampler_logprob_diff"] = float(diff)
     return with_update_plan(run, batch, shape), metrics
 
 

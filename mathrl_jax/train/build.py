@@ -17,6 +17,7 @@ from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
@@ -34,8 +35,12 @@ def _model_dir(config, run_dir: str) -> str:
     if config.model_name_or_path:
         return config.model_name_or_path
     directory = os.path.join(run_dir, "initial_model")
-    if not os.path.isdir(directory):
-        write_atomically(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
+
+    def write():
+        if not os.path.isdir(directory):
+            write_atomically(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
+
+    distributed.on_main_process("initial_model", write)
     return directory
 
 
@@ -136,10 +141,10 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     codec = TextCodec(model_dir)
     try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
         check_prompts(config, codec, train_problems, eval_problems)
-    except TrainingError:
-        if not existed:
+    except TrainingError:  # every process fails here alike (same files); process 0 undoes what it wrote
+        if distributed.is_main_process() and not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
-        elif not had_initial:
+        elif distributed.is_main_process() and not had_initial:
             shutil.rmtree(initial, ignore_errors=True)
         raise
     eval_prompts = encode_prompts(config, codec, eval_problems)
@@ -213,8 +218,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
         pending = metadata.get(PENDING_KEY) or []
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2, default=str)
+    distributed.on_main_process("config.json", lambda: _write_config(config, run_dir))
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
     return Run(
@@ -244,6 +248,11 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         model_dir=start_dir,
         pending_rollouts=pending,
     )
+
+
+def _write_config(config, run_dir: str) -> None:
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2, default=str)
 
 
 PENDING_KEY = "pending_rollouts"
@@ -277,7 +286,7 @@ def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainStat
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     def put(tree):
-        return None if tree is None else jax.device_put(tree, sharding.tree_shardings(tree, mesh, rules))
+        return None if tree is None else sharding.shard_tree(tree, mesh, rules)
 
     return state.replace(
         params=put(state.params),
@@ -285,7 +294,7 @@ def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainStat
         critic_params=put(state.critic_params),
         critic_opt_state=put(state.critic_opt_state),
         **{
-            k: jax.device_put(getattr(state, k), replicated)
+            k: distributed.put(getattr(state, k), replicated)
             for k in ("step", "rng", "policy_version", "skipped_updates")
         },
     )

@@ -9,17 +9,24 @@ import time
 import zlib
 from typing import Any, Dict, List, Optional
 
+import jax
 import numpy as np
 
-from mathrl_jax.rewards.math_grader import MathGrader
+from mathrl_jax.rewards.math_grader import GradeResult, MathGrader, batch_rewards
 from mathrl_jax.sampling import SamplingParams
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train.batch import action_indices
 from mathrl_jax.train.problems import encode_prompts
 from mathrl_jax.train.run import Run
 
 
 class SerialGrader:
-    """A `MathGrader` shared by the generator thread and evaluation: one batch at a time."""
+    """A `MathGrader` shared by the generator thread and evaluation: one batch at a time.
+
+    Across processes (`jax.distributed`) each process grades its contiguous share of the batch
+    (`distributed.process_slice`) and the verdicts are gathered, so every process holds the whole batch's
+    and the result is the one process's: a collective, called by every process on the same batch.
+    """
 
     def __init__(self, grader: MathGrader):
         self.grader = grader
@@ -27,11 +34,15 @@ class SerialGrader:
 
     def grade_batch(self, responses, golds):
         with self.lock:
-            return self.grader.grade_batch(responses, golds)
+            if jax.process_count() == 1:
+                return self.grader.grade_batch(responses, golds)
+            share = distributed.process_slice(len(responses))
+            mine = self.grader.grade_batch(list(responses)[share], list(golds)[share])
+            parts = distributed.allgather_objects([dataclasses.asdict(r) for r in mine])
+            return [GradeResult(**r) for part in parts for r in part]
 
     def rewards(self, responses, golds):
-        with self.lock:
-            return self.grader.rewards(responses, golds)
+        return batch_rewards(self.grade_batch(responses, golds), self.grader.values)
 
     def close(self):
         self.grader.close()

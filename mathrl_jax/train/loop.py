@@ -26,6 +26,7 @@ from flax import nnx
 
 from mathrl_jax.models import hf
 from mathrl_jax.sampling.base import SamplingParams
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train.async_loop import AsyncRollouts
 from mathrl_jax.train.batch import mesh_context, prepare_batch, shuffled_rewards
 from mathrl_jax.train.build import PENDING_KEY, build_run
@@ -186,7 +187,7 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     (`completion_samples`; a run trained on PRM or custom rewards still logs the verifier's)."""
     c = run.config
     count = min(c.num_logged_samples, len(run.eval_prompts))
-    if count == 0 or jax.process_index() != 0:
+    if count == 0:
         return None
     sampled = SamplingParams(
         n=4,
@@ -204,7 +205,9 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
         run.codec.decode,
         [greedy, sampled],
         values=run.grader.grader.values,
-    )
+    )  # sampled and graded by every process (collectives); written by process 0
+    if not distributed.is_main_process():
+        return None
     directory = os.path.join(run.run_dir, "samples")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"iteration_{iteration:06d}.jsonl")
@@ -279,8 +282,12 @@ def train(
         if c.export_final and run.total_iterations > run.start_iteration:
             final = os.path.join(run.run_dir, "final_model")
             model_config = nnx.merge(run.graphdef, run.state.params).config
-            write_atomically(
-                final, lambda d: hf.export_checkpoint(run.state.params, model_config, d, tokenizer_dir=run.model_dir)
+            params = distributed.fetch(run.state.params)  # every process takes part in gathering the shards
+            distributed.on_main_process(
+                "final_model",
+                lambda: write_atomically(
+                    final, lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir)
+                ),
             )
     finally:
         source.close()

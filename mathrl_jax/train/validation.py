@@ -120,6 +120,14 @@ def validate_config(config) -> None:
         fail(f"unknown warmstart.targets {c.warmstart.targets!r}; expected 'teacher' or 'answer'")
     if not 0.0 <= c.warmstart.slip_rate <= 1.0:
         fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
+    if jax.process_count() > 1 and (c.algorithm_name == "async_ppo" or c.env_name):
+        fail(
+            f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r} runs in one process only: across "
+            f"{jax.process_count()} processes every process must issue the same device programs in the same order, "
+            "which async_ppo's generator thread and the multi-turn episodes do not guarantee yet"
+        )
+    if c.heartbeat_timeout_s < 1:
+        fail(f"heartbeat_timeout_s={c.heartbeat_timeout_s} must be >= 1 (seconds)")
     try:
         sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
     except (sharding.MeshError, ValueError) as error:

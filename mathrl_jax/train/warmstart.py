@@ -13,6 +13,7 @@ from flax import nnx
 from mathrl_jax.data import teacher
 from mathrl_jax.models import hf
 from mathrl_jax.sampling import JaxSampler
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
 from mathrl_jax.train.codec import TextCodec
 from mathrl_jax.train.evaluation import evaluate
@@ -123,7 +124,8 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
             json.dump(warmstart_settings(config), f, indent=2)
 
-    write_atomically(directory, write)
+    # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
+    distributed.on_main_process("warmstart_model", lambda: write_atomically(directory, write))
     metrics = {
         "warmstart/eval_accuracy_before": before["eval/accuracy"],
         "warmstart/eval_accuracy_after": after["eval/accuracy"],

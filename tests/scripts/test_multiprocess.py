@@ -1,0 +1,247 @@
+"""`scripts/train.py` over two processes joined by jax.distributed (localhost, gloo), each with two simulated CPU
+devices: it trains as one process on four devices with the same mesh, only process 0 writes, bad input stops
+every process, and a lost process stops the other, the job resuming from its last complete checkpoint."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "scripts", "train.py")
+GRADER_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_grader_worker.py")
+
+# A short offline run on a (dp=1, fsdp=2, tp=2) mesh. The tiny model is not warm-started long enough to answer,
+# so the verifier's rewards are all 0: entropy_coef and a large lr make the update move the weights anyway.
+SHORT_RUN = [
+    "--config.warmstart.steps=2",
+    "--config.warmstart.batch_size=8",
+    "--config.num_iterations=2",
+    "--config.n_rollout_threads=4",
+    "--config.group_size=4",
+    "--config.num_mini_batch=2",
+    "--config.max_new_tokens=8",
+    "--config.arithmetic.num_train=64",
+    "--config.arithmetic.num_eval=8",
+    "--config.num_eval_problems=8",
+    "--config.num_logged_samples=2",
+    "--config.eval_interval=2",
+    "--config.eval_n_samples=2",
+    "--config.save_interval=1",
+    "--config.progress=False",
+    "--config.mesh.dp=1",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tp=2",
+    "--config.entropy_coef=0.01",
+    "--config.lr=1e-3",
+    "--config.heartbeat_timeout_s=10",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(devices: int, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != "XLA_FLAGS"}
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra
+    )
+    return env
+
+
+def launch(script, args, processes: int = 2, per_process_args=None):
+    """`processes` copies of `script args` joined by jax.distributed, two simulated devices each."""
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, script, *args, *((per_process_args or {}).get(pid, []))],
+            cwd=ROOT,
+            env=environment(
+                2,
+                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                JAX_NUM_PROCESSES=str(processes),
+                JAX_PROCESS_ID=str(pid),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(processes)
+    ]
+
+
+def finish(workers, timeout=600):
+    outputs = []
+    for worker in workers:
+        try:
+            out, err = worker.communicate(timeout=timeout)
+        finally:
+            worker.kill()
+        outputs.append((worker.returncode, out, err))
+    return outputs
+
+
+def train_two_processes(run_dir, *flags):
+    outputs = finish(launch(TRAIN, [f"--config.run_dir={run_dir}", *SHORT_RUN, *flags]))
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    return outputs
+
+
+def train_one_process(run_dir, *flags):
+    done = subprocess.run(
+        [sys.executable, TRAIN, f"--config.run_dir={run_dir}", *SHORT_RUN, *flags],
+        cwd=ROOT,
+        env=environment(4),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def records(run_dir):
+    """{step: merged record} of metrics.jsonl, and the number of lines per step."""
+    merged, lines = {}, {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            merged.setdefault(record["step"], {}).update(record)
+            lines[record["step"]] = lines.get(record["step"], 0) + 1
+    return merged, lines
+
+
+def comparable(record):
+    """The values that do not measure time."""
+    return {k: v for k, v in record.items() if not k.startswith("perf/") and k not in ("time", "warmstart/seconds")}
+
+
+def final_weights(run_dir):
+    return load_file(os.path.join(run_dir, "final_model", "model.safetensors"))
+
+
+def test_two_processes_train_as_one_process_on_four_devices(tmp_path):
+    """Same mesh, same program: the metrics and final weights agree to float32 rounding. They are not bitwise equal
+    because the fsdp / tp reductions cross processes over gloo, which sums in another order than one process."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    outputs = train_two_processes(two)
+    train_one_process(one)
+
+    assert "RL eval curve" in outputs[0][1] and "run directory" not in outputs[1][1]  # process 0 prints the summary
+    two_records, lines = records(two)
+    one_records, one_lines = records(one)
+    assert lines == one_lines  # process 1 wrote no metrics: each record once
+    assert sorted(two_records) == [0, 1, 2]
+    for step in one_records:
+        a, b = comparable(one_records[step]), comparable(two_records[step])
+        assert sorted(a) == sorted(b)
+        for key in a:
+            # Rounding-level quantities (e.g. sampler vs trainer log-prob gaps ~1e-7) compare absolutely.
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
+    assert "warmstart/eval_accuracy_after" in two_records[0] and "eval/pass@2" in two_records[2]
+
+    a, b = final_weights(one), final_weights(two)
+    initial = load_file(os.path.join(one, "warmstart_model", "model.safetensors"))
+    moved = max(float(np.abs(a[k] - initial[k]).max()) for k in a)
+    assert moved > 1e-4  # the update changed the weights, so agreeing means something
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
+    assert sorted(os.listdir(two / "samples")) == sorted(os.listdir(one / "samples"))
+    assert sorted(os.listdir(two / "checkpoints")) == ["1", "2"]
+
+
+def test_grading_is_shared_out_and_gathered_in_order(tmp_path):
+    """Each process grades its contiguous share of a batch; every process gets the whole batch's verdicts, in the
+    batch's order, equal to grading it in one process."""
+    outputs = finish(launch(GRADER_WORKER, [str(tmp_path)]), timeout=300)
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    shares = [json.loads((tmp_path / f"grader{pid}.json").read_text()) for pid in (0, 1)]
+    assert shares[0]["graded"] == 4 and shares[1]["graded"] == 3  # 7 responses: 4 + 3
+    assert shares[0]["verdicts"] == shares[1]["verdicts"] == shares[0]["expected"]
+    assert shares[0]["rewards"] == shares[1]["rewards"] == shares[0]["expected_rewards"]
+
+
+def test_bad_input_stops_every_process_with_the_same_message(tmp_path):
+    outputs = finish(launch(TRAIN, [f"--config.run_dir={tmp_path / 'run'}", "--config.algorithm_name=nope"]))
+    messages = set()
+    for code, out, err in outputs:
+        assert code == 2, err[-2000:]
+        messages.add(re.sub(r"process \d", "process N", err.strip().splitlines()[-1]))
+    assert len(messages) == 1 and "unknown algorithm_name 'nope'" in messages.pop()
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_process_alone_with_bad_input_stops_the_other(tmp_path):
+    """Process 1 fails on its input; process 0 goes on to its first collective, where it would wait forever: it is
+    aborted within the heartbeat timeout instead, its log naming process 1."""
+    start = time.monotonic()
+    workers = launch(
+        TRAIN,
+        [f"--config.run_dir={tmp_path / 'run'}", *SHORT_RUN, "--config.heartbeat_timeout_s=5"],
+        per_process_args={1: ["--config.lr=-1"]},
+    )
+    (code0, _, err0), (code1, _, err1) = finish(workers, timeout=240)
+    assert code1 == 2 and "lr=-1" in err1
+    assert code0 != 0 and time.monotonic() - start < 200
+    assert re.search(r"stopped sending heartbeats\):\s*1\b", err0), err0[-2000:]
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_the_other_and_the_job_resumes_from_its_last_checkpoint(tmp_path):
+    """SIGKILL process 1 once checkpoint 2 of 4 is complete: process 0 exits non-zero within the heartbeat timeout
+    naming process 1; the same command resumes from checkpoint 2 and ends as the uninterrupted two-process run,
+    bit for bit (same processes, same programs)."""
+    flags = ["--config.num_iterations=4", "--config.save_interval=2", "--config.eval_interval=0"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train_two_processes(straight, *flags)
+
+    workers = launch(TRAIN, [f"--config.run_dir={killed}", *SHORT_RUN, *flags])
+    checkpoints = killed / "checkpoints"
+    deadline = time.monotonic() + 600
+    while not (checkpoints.is_dir() and "2" in os.listdir(checkpoints)):  # Orbax renames a checkpoint when complete
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers)
+        time.sleep(0.05)
+    workers[1].kill()
+    lost = time.monotonic()
+    (code0, _, err0), _ = finish(workers, timeout=120)
+    assert code0 != 0 and time.monotonic() - lost < 60  # heartbeat_timeout_s=10, plus the abort
+    assert re.search(r"stopped sending heartbeats\):\s*1\b", err0), err0[-2000:]
+    assert not (killed / "final_model").exists()
+
+    train_two_processes(killed, *flags)
+    a, b = records(straight)[0], records(killed)[0]
+    for step in (3, 4):  # the iterations after the resume
+        assert comparable(b[step]) == comparable(a[step]), step
+    x, y = final_weights(straight), final_weights(killed)
+    for name in x:
+        np.testing.assert_array_equal(y[name], x[name], err_msg=name)
+
+
+def test_evaluate_across_two_processes_prints_what_one_process_does(tmp_path):
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    model = tmp_path / "tiny"
+    write_tiny_checkpoint(str(model), num_hidden_layers=2)
+    args = [f"--model={model}", "--num-problems=12", "--max-new-tokens=6", "--n-samples=2"]
+    script = os.path.join(ROOT, "scripts", "evaluate.py")
+    outputs = finish(launch(script, args), timeout=300)
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    one = subprocess.run(
+        [sys.executable, script, *args], cwd=ROOT, env=environment(1), capture_output=True, text=True, timeout=300
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    expected = json.loads(one.stdout[one.stdout.index("{") :])
+    assert json.loads(outputs[0][1][outputs[0][1].index("{") :]) == expected
+    assert "{" not in outputs[1][1]  # process 1 prints nothing of its own
