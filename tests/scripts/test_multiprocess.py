@@ -130,34 +130,43 @@ def final_weights(run_dir):
     return load_file(os.path.join(run_dir, "final_model", "model.safetensors"))
 
 
-def test_two_processes_train_as_one_process_on_four_devices(tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--config.warmstart.steps=0", "--config.num_iterations=1", "--config.eval_interval=0"], id="rl"),
+        pytest.param([], id="warm-start-and-rl", marks=pytest.mark.slow),
+    ],
+)
+def test_two_processes_train_as_one_process_on_four_devices(tmp_path, flags):
     """Same mesh, same program: the metrics and final weights agree to float32 rounding. They are not bitwise equal
     because the fsdp / tp reductions cross processes over gloo, which sums in another order than one process."""
     two, one = tmp_path / "two", tmp_path / "one"
-    outputs = train_two_processes(two)
-    train_one_process(one)
+    outputs = train_two_processes(two, *flags)
+    train_one_process(one, *flags)
+    iterations = 1 if flags else 2
 
-    assert "RL eval curve" in outputs[0][1] and "run directory" not in outputs[1][1]  # process 0 prints the summary
+    assert "run directory" in outputs[0][1] and "run directory" not in outputs[1][1]  # process 0 prints the summary
     two_records, lines = records(two)
     one_records, one_lines = records(one)
     assert lines == one_lines  # process 1 wrote no metrics: each record once
-    assert sorted(two_records) == [0, 1, 2]
+    assert sorted(two_records) == list(range(1 if flags else 0, iterations + 1))
     for step in one_records:
         a, b = comparable(one_records[step]), comparable(two_records[step])
         assert sorted(a) == sorted(b)
         for key in a:
             # Rounding-level quantities (e.g. sampler vs trainer log-prob gaps ~1e-7) compare absolutely.
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
-    assert "warmstart/eval_accuracy_after" in two_records[0] and "eval/pass@2" in two_records[2]
+    if not flags:  # the warm-start, its evaluations, and the RL run's evaluations and samples
+        assert "warmstart/eval_accuracy_after" in two_records[0] and "eval/pass@2" in two_records[iterations]
+        assert sorted(os.listdir(two / "samples")) == sorted(os.listdir(one / "samples"))
 
     a, b = final_weights(one), final_weights(two)
-    initial = load_file(os.path.join(one, "warmstart_model", "model.safetensors"))
+    initial = load_file(os.path.join(one, "warmstart_model" if not flags else "initial_model", "model.safetensors"))
     moved = max(float(np.abs(a[k] - initial[k]).max()) for k in a)
     assert moved > 1e-4  # the update changed the weights, so agreeing means something
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
-    assert sorted(os.listdir(two / "samples")) == sorted(os.listdir(one / "samples"))
-    assert sorted(os.listdir(two / "checkpoints")) == ["1", "2"]
+    assert sorted(os.listdir(two / "checkpoints")) == [str(i) for i in range(1, iterations + 1)]
 
 
 def test_grading_is_shared_out_and_gathered_in_order(tmp_path):
