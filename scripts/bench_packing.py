@@ -29,8 +29,9 @@ from flax import nnx
 from mathrl_jax.models import QwenForCausalLM
 from mathrl_jax.models.qwen import QwenConfig
 from mathrl_jax.train import packing
+from mathrl_jax.train.passes import compute_logprobs_fn
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, make_update_fn, with_packing
+from mathrl_jax.train.update import UpdateConfig, make_update_fn, with_packing
 
 
 def lengths_batch(rows: int, prompt: int, median: int, longest: int, vocab: int, seed: int):

@@ -44,16 +44,13 @@ class QwenCritic(nnx.Module):
             rngs=rngs,
         )
 
-    def __call__(
-        self,
-        input_ids: chex.Array,
-        *,
-        attention_mask: Optional[chex.Array] = None,
-        positions: Optional[chex.Array] = None,
-        segment_ids: Optional[chex.Array] = None,
-    ) -> chex.Array:
-        """`[B, T]` float32 values, one per position (value of the prefix up to and including it)."""
-        positions, allowed = full_sequence_attention(input_ids, attention_mask, positions, segment_ids)
+    def __call__(self, input_ids: chex.Array, **inputs: Optional[chex.Array]) -> chex.Array:
+        """`[B, T]` float32 values, one per position (value of the prefix up to and including it).
+
+        `inputs` are the causal LM's cache-less keywords, with the same meaning (`attention_mask`, `positions`,
+        `segment_ids`: see `QwenForCausalLM.__call__`); any other raises a TypeError naming it.
+        """
+        positions, allowed = full_sequence_attention(input_ids, **inputs)
         hidden, _ = self.model(input_ids, positions, allowed)
         return self.score(hidden.astype(jnp.float32))[..., 0]
 

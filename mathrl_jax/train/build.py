@@ -18,7 +18,7 @@ from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import algorithms
+from mathrl_jax.train import algorithms, passes
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.checkpoint import Checkpointer
@@ -236,8 +236,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         eval_prompts=eval_prompts,
         eval_golds=eval_golds,
         update=update,
-        logprobs=update_lib.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
-        values=update_lib.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
+        logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
+        values=passes.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
         checkpointer=checkpointer,
         logger=MetricsLogger(run_dir, resumed_from=start_iteration),
         mesh=mesh,

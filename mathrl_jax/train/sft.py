@@ -19,7 +19,7 @@ Rows use the layout of `Rollouts.to_batch` (`mathrl_jax.sampling.base`), built b
 same function (`pad_prompt_completion`): `[pad ... prompt | target ... pad]`,
 prompts left-padded to end at a common column `P`, so a target token `t` sits at
 column `P + t`, exactly where a sampled completion token would. The log-probs
-are the trainer's (`train.update.shifted_logprobs`), the optimizer is the RL
+are the trainer's (`train.passes.shifted_logprobs`), the optimizer is the RL
 phase's factory (`train.state.make_optimizer`) with the warm-start's settings.
 """
 
@@ -38,8 +38,8 @@ from flax import nnx
 
 from mathrl_jax.losses import masked_mean
 from mathrl_jax.sampling.base import pad_prompt_completion
+from mathrl_jax.train.passes import shifted_logprobs
 from mathrl_jax.train.state import learning_rate_schedule, make_optimizer
-from mathrl_jax.train.update import shifted_logprobs
 
 Example = Tuple[List[int], List[int]]
 LogFn = Callable[[int, Dict[str, float]], None]

@@ -37,6 +37,7 @@ from flax import nnx
 
 from mathrl_jax import losses
 from mathrl_jax.train import packing
+from mathrl_jax.train.passes import critic_values, packed_inputs, policy_logprobs, unpack
 from mathrl_jax.train.state import TrainState
 
 WHITENING = (None, "actions", "nonzero")
@@ -82,45 +83,6 @@ class UpdateConfig:
             raise ValueError(
                 f"value_loss_type={self.value_loss_type!r}: expected one of {losses.value.VALUE_LOSS_TYPES}"
             )
-
-
-def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
-    """(log-prob, entropy) `[N, L]` with column c scoring token c from the logits at c - 1; column 0 is 0."""
-    logp, entropy = losses.token_logprobs_from_logits(logits[:, :-1], input_ids[:, 1:], temperature=temperature)
-    pad = ((0, 0), (1, 0))
-    return jnp.pad(logp, pad), jnp.pad(entropy, pad)
-
-
-def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None):
-    """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes. With `packing`
-    (`segment_ids`, `positions`), `input_ids` are packed rows, scored within their sequences."""
-    logits, _ = nnx.merge(graphdef, params)(input_ids, **_model_inputs(attention_mask, packing))
-    return shifted_logprobs(logits, input_ids, temperature)
-
-
-def critic_values(graphdef, params, input_ids, attention_mask, packing=None):
-    """Critic values aligned like the log-probs: column c is V(prefix before token c) (verl's alignment)."""
-    values = nnx.merge(graphdef, params)(input_ids, **_model_inputs(attention_mask, packing))
-    return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
-
-
-def _model_inputs(attention_mask, packing) -> Dict[str, jax.Array]:
-    if packing is None:
-        return dict(attention_mask=attention_mask)
-    segments = packing["segment_ids"]
-    return dict(attention_mask=(segments > 0).astype(jnp.int32), positions=packing["positions"], segment_ids=segments)
-
-
-def packed_inputs(input_ids: jax.Array, source: jax.Array, pad_id: int = 0) -> jax.Array:
-    """`[..., R, T]` packed token ids: `input_ids` (padded, `[N, L]`) at the flat indices `source` (-1: `pad_id`)."""
-    flat = input_ids.reshape(-1)
-    return jnp.where(source >= 0, flat[jnp.maximum(source, 0)], pad_id).astype(input_ids.dtype)
-
-
-def unpack(packed: jax.Array, packing: Dict[str, jax.Array]) -> jax.Array:
-    """Per-token results of packed rows `[R, T]` back in the padded layout `[K, L]` (0 where no token)."""
-    flat = jnp.concatenate([packed.reshape(-1), jnp.zeros((1,), packed.dtype)])
-    return flat[packing["unpack"]]
 
 
 def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) -> Dict[str, Any]:
@@ -462,68 +424,3 @@ def make_update_fn(
 
     out_shardings = None if state_shardings is None else (state_shardings, None)
     return jax.jit(update, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
-
-
-def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
-    """`fn(params, *arrays [N, ...]) -> [N, ...]` computed `chunk_rows` rows at a time (a `lax.scan` over
-    `[N / chunk_rows, chunk_rows, ...]`), so the `[rows, L, V]` logits of one chunk are all that is live at
-    once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once."""
-
-    def chunked(params, *arrays):
-        rows = arrays[0].shape[0]
-        if not chunk_rows or chunk_rows >= rows or rows % chunk_rows:
-            return fn(params, *arrays)
-        split = lambda x: x.reshape(rows // chunk_rows, chunk_rows, *x.shape[1:])  # noqa: E731
-
-        # The params ride in the scan's carry rather than the closure: the model is then built from values of
-        # the loop body's own trace, which NNX's lifted transforms (remat) require.
-        def body(p, xs):
-            return p, fn(p, *xs)
-
-        _, out = jax.lax.scan(body, params, tuple(split(x) for x in arrays))
-        return out.reshape(rows, *out.shape[2:])
-
-    return chunked
-
-
-def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
-    """Jitted `(params, input_ids [N, L], attention_mask [N, L], packing=None) -> [N, L]` of
-    `per_row(params, ids, packing-or-None, attention_mask)`, on the padded rows or, with `packing`
-    (`packing.plan_passes`), on the packed rows and brought back to the padded layout; `chunk_rows` rows
-    (padded or packed) at a time."""
-
-    def padded(params, input_ids, attention_mask):
-        return per_row(params, input_ids, attention_mask, None)
-
-    def packed(params, input_ids, segment_ids, positions):
-        return per_row(params, input_ids, None, dict(segment_ids=segment_ids, positions=positions))
-
-    def fn(params, input_ids, attention_mask, packing=None):
-        if packing is None:
-            return _in_row_chunks(padded, chunk_rows)(params, input_ids, attention_mask)
-        # `[chunks, rows, T]` plans (`packing.plan_passes(rows_per_chunk=...)`) run a chunk of rows at a time.
-        row_tokens = packing["source"].shape[-1]
-        chunk = packing["source"].shape[1] if packing["source"].ndim == 3 else None
-        flat = lambda x: x.reshape(-1, row_tokens)  # noqa: E731
-        ids = packed_inputs(input_ids, flat(packing["source"]))
-        out = _in_row_chunks(packed, chunk)(params, ids, flat(packing["segment_ids"]), flat(packing["positions"]))
-        return unpack(out, packing)
-
-    return jax.jit(fn)
-
-
-def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None) -> Callable:
-    """Jitted `(params, input_ids, attention_mask, packing=None) -> [N, L] log-probs` (old / reference /
-    proximal log-probs), `chunk_rows` rows at a time if given (the loop passes the update's micro-batch:
-    the memory the update needs)."""
-
-    def per_row(params, input_ids, attention_mask, packing):
-        return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature, packing)[0]
-
-    return _pass_fn(per_row, chunk_rows)
-
-
-def compute_values_fn(critic_graphdef, chunk_rows: Optional[int] = None) -> Callable:
-    """Jitted `(critic_params, input_ids, attention_mask, packing=None) -> [N, L]` aligned values, `chunk_rows`
-    rows at a time."""
-    return _pass_fn(functools.partial(critic_values, critic_graphdef), chunk_rows)

@@ -21,8 +21,9 @@ from mathrl_jax import losses
 from mathrl_jax.configs import openr_appo, openr_tppo
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
 from mathrl_jax.train import build, codec, problems, rollout, validation
+from mathrl_jax.train.passes import critic_values, policy_logprobs
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import critic_values, make_update_fn, minibatch_order, policy_logprobs
+from mathrl_jax.train.update import make_update_fn, minibatch_order
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, P, T = 8, 4, 12  # answers, prompt tokens, answer tokens

@@ -16,15 +16,12 @@ from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
 from mathrl_jax.models.qwen import default_positions
 from mathrl_jax.train import packing
+from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn, packed_inputs, unpack
 from mathrl_jax.train.state import create_train_state
 from mathrl_jax.train.update import (
     PACKED,
     UpdateConfig,
-    compute_logprobs_fn,
-    compute_values_fn,
     make_update_fn,
-    packed_inputs,
-    unpack,
     with_packing,
 )
 

@@ -14,8 +14,9 @@ from flax import nnx
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
 from mathrl_jax.train import rollout
+from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn
 from mathrl_jax.train.state import create_train_state, learning_rate_schedule, make_optimizer
-from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, compute_values_fn, make_update_fn
+from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, L = 8, 10
