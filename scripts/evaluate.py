@@ -83,6 +83,11 @@ def main(argv=None) -> int:
         help="JAX sampler: KV-cache slots (rows x padded prompt+completion length) per generate call "
         f"(default {DEFAULT_BATCH_TOKENS}); lower it to use less memory, raise it for throughput",
     )
+    parser.add_argument(
+        "--compilation_cache_dir",
+        default="auto",
+        help="JAX's persistent compilation cache ('auto': under ~/.cache/mathrl_jax; '': off)",
+    )
     args = parser.parse_args(argv)
     if args.batch_tokens < 1:
         parser.error(f"--batch-tokens {args.batch_tokens}: expected >= 1")
@@ -113,6 +118,12 @@ def main(argv=None) -> int:
 
     try:  # one process of several (jax.distributed): join before any other JAX call
         several = distributed.initialize()
+    except ValueError as error:
+        parser.error(str(error))
+    from mathrl_jax import compile_cache
+
+    try:
+        compile_cache.enable(args.compilation_cache_dir, option="--compilation_cache_dir")
     except ValueError as error:
         parser.error(str(error))
 

@@ -85,6 +85,12 @@ def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
     config = parse_config(argv)
     several = join_processes(config)
+    from mathrl_jax import compile_cache
+
+    try:  # before the first compilation
+        compile_cache.enable(config.compilation_cache_dir)
+    except ValueError as error:
+        fail(str(error))
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.models.hf import CheckpointError
     from mathrl_jax.models.qwen import ConfigError

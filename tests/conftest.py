@@ -4,10 +4,19 @@ Multi-device tests need simulated CPU devices before jax is imported, so the
 flag is set here, at collection time, for the whole session.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# The scripts the tests run keep JAX's persistent compilation cache under $XDG_CACHE_HOME: a directory of this
+# test session (inherited by every subprocess), never the user's ~/.cache.
+_CACHE_HOME = tempfile.mkdtemp(prefix="mathrl_jax_tests_cache_")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

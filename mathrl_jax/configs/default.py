@@ -130,6 +130,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.max_to_keep = 2
     config.progress = True
     config.export_final = True  # write the final policy to run_dir/final_model (Hugging Face format)
+    # JAX's persistent compilation cache (scripts/): "auto" = ~/.cache/mathrl_jax/jax_compilation_cache, "" = off
+    config.compilation_cache_dir = "auto"
 
     # --- scale -----------------------------------------------------------------------------
     # The trainer's mesh. One GPU: the defaults. One host with 8 GPUs: e.g. fsdp=-1 or

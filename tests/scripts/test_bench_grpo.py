@@ -1,0 +1,33 @@
+"""scripts/bench_grpo.py's mathrl_jax half (`--skip-trl`: the tests never need trl) on a tiny batch: it runs, and
+each iteration's split (generate incl. grading, log-probs, update, weight sync) fits in the iteration's time."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_grpo_skip_trl_reports_a_split_that_fits_each_iteration(tmp_path):
+    out = tmp_path / "bench.json"
+    flags = "--skip-trl --iterations 2 --warmup 1 --prompts 4 --samples 2 --max-new-tokens 4 --minibatches 2"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_grpo.py"), *flags.split(), "--warmstart-steps=2"]
+        + [f"--json={out}"],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    mathrl = result["mathrl_jax"]
+    assert "trl" not in result and len(mathrl["iterations"]) == 3
+    for it in mathrl["iterations"]:
+        parts = [it[k] for k in ("generate_time", "logprob_time", "update_time", "sync_time")]
+        assert all(t > 0 for t in parts) and 0 < it["grade_time"] <= it["generate_time"]
+        assert sum(parts) <= it["step_time"] * 1.001
+    assert mathrl["first_iteration"] == mathrl["iterations"][0]["step_time"]
+    assert "| mathrl_jax |" in done.stdout and "TRL" not in done.stdout.split("\n", 2)[2]
