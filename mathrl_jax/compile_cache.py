@@ -7,7 +7,7 @@ entry on the program, the backend, the device kind and the compile options, so a
 shapes, another model, other flags) simply compiles anew: the cache is never wrong, only cold.
 
 `scripts/train.py` turns it on from `config.compilation_cache_dir` ("auto" by default) and
-`scripts/evaluate.py` from `--compilation_cache_dir`; a library user calls `enable` themselves, or not.
+`scripts/evaluate.py` from `--compilation-cache-dir`; a library user calls `enable` themselves, or not.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ AUTO = "auto"
 
 
 def default_directory() -> str:
-    """`$XDG_CACHE_HOME/mathrl_jax/jax_compilation_cache` (`~/.cache/...` without XDG_CACHE_HOME)."""
+    """What "auto" means: JAX's own `$JAX_COMPILATION_CACHE_DIR` when set, else
+    `$XDG_CACHE_HOME/mathrl_jax/jax_compilation_cache` (`~/.cache/...` without XDG_CACHE_HOME)."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mathrl_jax", "jax_compilation_cache")
 
@@ -36,6 +39,7 @@ def enable(directory: Optional[str], option: str = "compilation_cache_dir") -> O
     Raises ValueError naming `option` and the value when the directory cannot be created or written.
     """
     if not directory:
+        jax.config.update("jax_enable_compilation_cache", False)  # off even when JAX_COMPILATION_CACHE_DIR is set
         return None
     path = default_directory() if directory == AUTO else os.path.abspath(os.path.expanduser(directory))
     if os.path.exists(path) and not os.path.isdir(path):
@@ -48,5 +52,5 @@ def enable(directory: Optional[str], option: str = "compilation_cache_dir") -> O
         raise ValueError(f"{option}={directory!r}: {path} is not writable (give another directory, or '' for none)")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum, and no backend override
     return path

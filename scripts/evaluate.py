@@ -84,7 +84,8 @@ def main(argv=None) -> int:
         f"(default {DEFAULT_BATCH_TOKENS}); lower it to use less memory, raise it for throughput",
     )
     parser.add_argument(
-        "--compilation_cache_dir",
+        "--compilation-cache-dir",
+        "--compilation_cache_dir",  # the spelling of train.py's config key, too
         default="auto",
         help="JAX's persistent compilation cache ('auto': under ~/.cache/mathrl_jax; '': off)",
     )
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
     from mathrl_jax import compile_cache
 
     try:
-        compile_cache.enable(args.compilation_cache_dir, option="--compilation_cache_dir")
+        compile_cache.enable(args.compilation_cache_dir, option="--compilation-cache-dir")
     except ValueError as error:
         parser.error(str(error))
 

@@ -28,7 +28,9 @@ def run_program(directory, env=None):
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM, directory],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})),
+        env=dict(
+            {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}, PYTHONPATH=ROOT, **(env or {})
+        ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -50,12 +52,18 @@ def test_a_second_process_loads_the_program_instead_of_compiling_it(tmp_path):
 
 
 def test_auto_is_under_xdg_cache_home_and_empty_is_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_own"))
+    assert compile_cache.default_directory() == str(tmp_path / "jax_own")  # JAX's own variable first
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert compile_cache.default_directory() == str(tmp_path / "xdg" / "mathrl_jax" / "jax_compilation_cache")
     hits, misses = run_program("auto", env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert misses >= 1 and os.listdir(compile_cache.default_directory())
     hits, misses = run_program("", env={"XDG_CACHE_HOME": str(tmp_path / "off")})
     assert hits == misses == 0 and not (tmp_path / "off").exists()
+    jax_own = tmp_path / "jax_own"  # off even where JAX itself would read its variable
+    hits, misses = run_program("", env={"JAX_COMPILATION_CACHE_DIR": str(jax_own)})
+    assert hits == misses == 0 and not (jax_own.exists() and os.listdir(jax_own))
 
 
 def test_a_directory_that_cannot_hold_the_cache_names_the_option(tmp_path):
@@ -86,3 +94,31 @@ def test_train_py_exits_2_on_a_bad_cache_directory(tmp_path):
     assert done.returncode == 2
     assert "train.py: error: compilation_cache_dir=" in done.stderr and "not a directory" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_py_exits_2_on_a_bad_cache_directory(tmp_path):
+    model = tmp_path / "model"  # passes evaluate.py's look at the directory, which comes before the cache
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "evaluate.py"),
+            "--model",
+            str(model),
+            "--compilation-cache-dir",
+            str(a_file),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("evaluate.py: error: --compilation-cache-dir=") and "not a directory" in message
+    assert "Traceback" not in done.stderr and done.stdout == ""
