@@ -237,6 +237,7 @@ def test_a_lost_process_stops_the_other_and_the_job_resumes_from_its_last_checkp
         np.testing.assert_array_equal(y[name], x[name], err_msg=name)
 
 
+@pytest.mark.slow  # 40 s; the same sampler mesh and grading as the default-suite training run
 def test_evaluate_across_two_processes_prints_what_one_process_does(tmp_path):
     from mathrl_jax.models import write_tiny_checkpoint
 
