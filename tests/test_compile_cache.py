@@ -75,22 +75,21 @@ def test_a_directory_that_cannot_hold_the_cache_names_the_option(tmp_path):
         compile_cache.enable(str(a_file / "below"))
 
 
-def test_train_py_exits_2_on_a_bad_cache_directory(tmp_path):
-    a_file = tmp_path / "a_file"
-    a_file.write_text("")
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "train.py"),
-            f"--config.compilation_cache_dir={a_file}",
-            f"--config.run_dir={tmp_path / 'run'}",
-        ],
+def run_script(name, *args):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", name), *args],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=ROOT),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_train_py_exits_2_on_a_bad_cache_directory(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    done = run_script("train.py", f"--config.compilation_cache_dir={a_file}", f"--config.run_dir={tmp_path / 'run'}")
     assert done.returncode == 2
     assert "train.py: error: compilation_cache_dir=" in done.stderr and "not a directory" in done.stderr
     assert not (tmp_path / "run").exists()
@@ -103,21 +102,7 @@ def test_evaluate_py_exits_2_on_a_bad_cache_directory(tmp_path):
     (model / "tokenizer.json").write_text("{}")
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "evaluate.py"),
-            "--model",
-            str(model),
-            "--compilation-cache-dir",
-            str(a_file),
-        ],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_script("evaluate.py", "--model", str(model), "--compilation-cache-dir", str(a_file))
     assert done.returncode == 2
     message = done.stderr.strip().splitlines()[-1]
     assert message.startswith("evaluate.py: error: --compilation-cache-dir=") and "not a directory" in message
