@@ -130,7 +130,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.max_to_keep = 2
     config.progress = True
     config.export_final = True  # write the final policy to run_dir/final_model (Hugging Face format)
-    # JAX's persistent compilation cache (scripts/): "auto" = ~/.cache/mathrl_jax/jax_compilation_cache, "" = off
+    # JAX's persistent compilation cache (scripts/): "auto" = $JAX_COMPILATION_CACHE_DIR or
+    # ~/.cache/mathrl_jax/jax_compilation_cache; "" = off
     config.compilation_cache_dir = "auto"
 
     # --- scale -----------------------------------------------------------------------------
