@@ -78,6 +78,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.ppo_epoch = 1
     config.num_mini_batch = 4
     config.micro_batch_size = 0  # 0 = the whole minibatch
+    # PPO's old log-probs: "trainer" recomputes them with the trainer's params (verl, TRL); "sampler" takes the
+    # sampler's log-probs of the sampled tokens (AReaL's recompute_logprob=False); "auto" takes the sampler's where
+    # they are the trainer's up to float rounding (the JAX sampler, which holds the trainer's params, at temperature
+    # 1, single-turn, not the decoupled loss, which needs both), else recomputes.
+    config.old_logprobs = "auto"
     # Sequence packing: the trainer's passes run on rows filled with whole sequences (first-fit, by segment ids)
     # instead of one padded row per sequence; a micro-batch is then micro_batch_size x the batch width in tokens.
     config.packing = True

@@ -159,17 +159,23 @@ def _plain_integer_verdict(gold_answer: str, answer: str) -> str | None:
     return None
 
 
-def _grade_with(pool: WorkerPool, response: str, gold_answer: str, timeout_s: float) -> GradeResult:
+def _grade_without_worker(response: str, gold_answer: str) -> tuple[GradeResult | None, str, bool]:
+    """(the verdict if no worker is needed, else None; the answer; formatted): no answer, or plain integers."""
     _require_str(response, "response")
     boxed = extract_boxed(response)
     formatted = boxed is not None and bool(boxed.strip())
     answer = extract_answer(response)
     if answer is None:
-        return GradeResult("no_answer", None, formatted)
-    cleaned = _clean_answer(answer)
-    status, detail = _plain_integer_verdict(gold_answer, cleaned), None
-    if status is None:
-        status, detail = pool.run(gold_answer, cleaned, timeout_s)
+        return GradeResult("no_answer", None, formatted), answer, formatted
+    status = _plain_integer_verdict(gold_answer, _clean_answer(answer))
+    return (None if status is None else GradeResult(status, answer, formatted)), answer, formatted
+
+
+def _grade_with(pool: WorkerPool, response: str, gold_answer: str, timeout_s: float) -> GradeResult:
+    result, answer, formatted = _grade_without_worker(response, gold_answer)
+    if result is not None:
+        return result
+    status, detail = pool.run(gold_answer, _clean_answer(answer), timeout_s)
     return GradeResult(status, answer, formatted, detail)
 
 
@@ -281,11 +287,16 @@ class MathGrader:
                 gold_answers.append(_gold_answer(gold))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"golds[{i}]: {e}") from None
-        futures = [
-            self._executor.submit(_grade_with, self._pool, response, gold, self.timeout_s)
-            for response, gold in zip(responses, gold_answers)
-        ]
-        return [future.result() for future in futures]
+        # Verdicts that need no worker (no answer, plain integers) are taken here: a thread hop costs more.
+        results: list = [_grade_without_worker(r, g)[0] for r, g in zip(responses, gold_answers)]
+        futures = {
+            i: self._executor.submit(_grade_with, self._pool, responses[i], gold_answers[i], self.timeout_s)
+            for i, result in enumerate(results)
+            if result is None
+        }
+        for i, future in futures.items():
+            results[i] = future.result()
+        return results
 
     def rewards(self, responses: Sequence[str], golds: Sequence[str]) -> tuple[np.ndarray, dict[str, float]]:
         """(`[N]` float32 rewards, metrics) of a batch.

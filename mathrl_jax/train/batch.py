@@ -78,8 +78,12 @@ def prepare_batch(
         )
         plan = {k: jnp.asarray(v) for k, v in plan.items()}
     inputs = (batch["input_ids"], batch["attention_mask"], plan)
+    from_sampler = old_logprobs_from_sampler(c)
     with mesh_context(run):
-        old = run.logprobs(params, *inputs) * batch["response_mask"]
+        if from_sampler:
+            old = jnp.asarray(arrays["old_logprobs"])  # 0 off the completions, as the recomputed ones are masked
+        else:
+            old = run.logprobs(params, *inputs) * batch["response_mask"]
         ref = None
         if run.ref_params is not None:
             ref = run.logprobs(run.ref_params, *inputs) * batch["response_mask"]
@@ -129,10 +133,30 @@ def prepare_batch(
     batch.update(advantages)
     plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
     mask = np.asarray(batch["response_mask"]) > 0
-    if plain_sampling and mask.any():  # sampler vs trainer log-probs of the same tokens: a health check
+    if plain_sampling and mask.any() and not from_sampler:  # sampler vs trainer log-probs: a health check
         diff = np.abs(distributed.fetch(old) - sampler_logprobs)[mask].mean()
         metrics["rollout/sampler_logprob_diff"] = float(diff)
     return with_update_plan(run, batch, shape), metrics
+
+
+def old_logprobs_from_sampler(config) -> bool:
+    """Whether PPO's old log-probs are the sampler's (`config.old_logprobs`), not recomputed by the trainer.
+
+    "auto" takes them from the JAX sampler, which decodes with the trainer's params and reports the untempered
+    policy's log-prob of each sampled token (`Rollouts.policy_logprobs`): at temperature 1 the trainer's
+    recomputation gives the same numbers up to float rounding (`rollout/sampler_logprob_diff`, ~1e-7 in float32),
+    and skipping it saves a forward pass over the batch. The decoupled loss (async_ppo) needs both, multi-turn
+    rows hold the environment's tokens, and another engine (vLLM) computes them with its own kernels: those
+    recompute.
+    """
+    if config.old_logprobs != "auto":
+        return config.old_logprobs == "sampler"
+    return (
+        config.sampler == "jax"
+        and config.temperature == 1.0
+        and config.algorithm_name != "async_ppo"
+        and not config.env_name
+    )
 
 
 def pack_shape(run: Run, width: int) -> Optional[Dict[str, Any]]:

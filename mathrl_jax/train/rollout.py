@@ -7,6 +7,7 @@ module chooses and composes them on the batch layout of `Rollouts.to_batch` (`[N
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Sequence
 
 import jax
@@ -88,6 +89,18 @@ def overlong_penalty(
     return (np.minimum(-excess / buffer_len, 0.0) * penalty_factor).astype(np.float32)
 
 
+@functools.partial(jax.jit, static_argnames=("estimator", "num_groups", "gamma"))
+def _sequence_advantages(scores, group_ids, row_mask, response_mask, *, estimator: str, num_groups, gamma: float):
+    """One advantage per sequence (GRPO, Dr. GRPO, single-turn ReBN) on each of its response tokens; one program
+    rather than a chain of eager ones, each a dispatch."""
+    if estimator == "rebn":  # single-turn: one turn per row
+        seq_adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
+    else:
+        group_fn = losses.group_relative_advantages if estimator == "group" else losses.dr_grpo_advantages
+        seq_adv = group_fn(scores, group_ids, seq_mask=row_mask, num_groups=num_groups)
+    return losses.broadcast_to_tokens(seq_adv, response_mask)
+
+
 def compute_advantages(
     algorithm: str,
     batch: Dict[str, jax.Array],
@@ -142,12 +155,10 @@ def compute_advantages(
     scores = jnp.asarray(scores, jnp.float32)
     out = {"response_mask": response_mask}
     if estimator in ("group", "group_mean", "rebn"):  # one advantage per sequence, on all its tokens
-        if estimator == "rebn":  # single-turn: one turn per row
-            seq_adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
-        else:
-            group_fn = losses.group_relative_advantages if estimator == "group" else losses.dr_grpo_advantages
-            seq_adv = group_fn(scores, jnp.asarray(group_ids), seq_mask=row_mask, num_groups=num_groups)
-        out["advantages"] = losses.broadcast_to_tokens(seq_adv, response_mask)
+        group_ids = jnp.zeros((n,), jnp.int32) if group_ids is None else jnp.asarray(group_ids)
+        out["advantages"] = _sequence_advantages(
+            scores, group_ids, row_mask, response_mask, estimator=estimator, num_groups=num_groups, gamma=gamma
+        )
         return out
     if values is None:
         raise ValueError(f"algorithm {algorithm!r} needs critic values")

@@ -213,12 +213,13 @@ LOSS_SHARES = ("policy_loss", "kl", "value_loss")
 MAXIMA = ("ratio_max",)
 
 
-def _combine(key: str, total: jax.Array, value: jax.Array, weight: jax.Array) -> jax.Array:
+def _combine(key: str, values: jax.Array, weights: jax.Array) -> jax.Array:
+    """One metric's `[A]` per-micro-batch values combined over the minibatch (before the unit scaling)."""
     if key in LOSS_SHARES or "_sum_" in key:
-        return total + value
+        return jnp.sum(values, axis=0)
     if key in MAXIMA:
-        return jnp.maximum(total, value)
-    return total + weight * value
+        return jnp.max(values, axis=0)
+    return jnp.tensordot(weights, values, axes=1)
 
 
 def _accumulate(objective: Callable, params, micro_batches, denominator, units):
@@ -229,22 +230,18 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
     def body(acc, xs):
         mb, mb_units = xs
         (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
-        acc_loss, acc_grads, acc_metrics = acc
-        tokens = jnp.sum(mb_units).astype(jnp.float32)
-        metrics = {k: _combine(k, acc_metrics[k], m, tokens) for k, m in metrics.items()}
-        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads), metrics), None
+        acc_loss, acc_grads = acc
+        return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), metrics
 
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    _, metrics_shape = jax.eval_shape(objective, params, first, denominator)  # the forward alone gives the shapes
-    zeros = (
-        jnp.zeros((), jnp.float32),
-        jax.tree.map(jnp.zeros_like, params),
-        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape),
-    )
-    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, (micro_batches, units))
-    tokens = jnp.sum(units)
+    # Per-micro-batch metrics leave the scan as its outputs and are combined after it, so the carry needs no
+    # metric shapes up front (an `eval_shape` of the objective: a second trace of the forward pass).
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), per_micro = jax.lax.scan(body, zeros, (micro_batches, units))
+    weights = jnp.sum(units.reshape(units.shape[0], -1), axis=1).astype(jnp.float32)
+    tokens = jnp.sum(weights)
     # All padding: the metrics are 0, and the minibatch gets no weight in `update`'s average.
     scale = jnp.where(tokens > 0, 1.0 / jnp.maximum(tokens, 1e-30), 0.0)
+    metrics = {k: _combine(k, v, weights) for k, v in per_micro.items()}
     return loss, grads, {k: m if k in LOSS_SHARES + MAXIMA or "_sum_" in k else m * scale for k, m in metrics.items()}
 
 

@@ -110,6 +110,14 @@ def validate_config(config) -> None:
             "shuffle_rewards (the control run) shuffles the verifier's per-response rewards: it needs "
             f"reward_source='verifier' and no env_name, got {c.reward_source!r} and {c.env_name!r}"
         )
+    if c.old_logprobs not in ("auto", "sampler", "trainer"):
+        fail(f"unknown old_logprobs {c.old_logprobs!r}; expected 'auto', 'sampler' or 'trainer'")
+    if c.old_logprobs == "sampler" and (c.temperature != 1.0 or c.algorithm_name == "async_ppo" or c.env_name):
+        fail(
+            "old_logprobs='sampler' needs temperature=1.0 (the sampler reports the untempered policy's log-probs), "
+            f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
+            f"{c.temperature}, algorithm_name={c.algorithm_name!r}, env_name={c.env_name!r}"
+        )
     if c.env_name not in ("", "guess_number"):
         fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn problems) or 'guess_number'")
     if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:

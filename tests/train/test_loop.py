@@ -281,6 +281,9 @@ def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(mode
             {"shuffle_rewards": True, "env_name": "guess_number", "group_size": 1, "algorithm_name": "reinforce_rebn"},
             "'guess_number'",
         ),
+        ({"old_logprobs": "cached"}, "'cached'"),
+        ({"old_logprobs": "sampler", "temperature": 0.7}, "temperature=0.7"),
+        ({"old_logprobs": "sampler", "algorithm_name": "async_ppo"}, "'async_ppo'"),
     ],
 )
 def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, model_dir, tmp_path):
@@ -376,3 +379,37 @@ def test_out_of_memory_names_the_options_that_size_the_batch(model_dir, tmp_path
     with pytest.raises(ValueError, match="unrelated"):  # any other error passes through unchanged
         with loop.out_of_memory_hint(config, 32):
             raise ValueError("unrelated")
+
+
+@pytest.mark.parametrize("temperature, expected", [(1.0, True), (0.7, False)])
+def test_old_logprobs_auto_takes_the_samplers_only_where_they_are_the_trainers(
+    temperature, expected, model_dir, tmp_path
+):
+    config = small_config(model_dir, tmp_path / "run", temperature=temperature)
+    assert batch.old_logprobs_from_sampler(config) is expected
+    for overrides in ({"algorithm_name": "async_ppo"}, {"sampler": "vllm"}, {"old_logprobs": "trainer"}):
+        assert not batch.old_logprobs_from_sampler(small_config(model_dir, tmp_path / "run", **overrides))
+    assert batch.old_logprobs_from_sampler(small_config(model_dir, tmp_path / "run", old_logprobs="sampler"))
+
+
+def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, tmp_path):
+    """The forward pass `old_logprobs="auto"` skips gives what the sampler reported: the same update follows."""
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1, old_logprobs="trainer")
+    run = build.build_run(config)
+    try:
+        rollouts, _, scores, _ = collect.collect(run, 1)
+        recomputed, metrics = batch.prepare_batch(run, rollouts, scores)
+        run.config.old_logprobs = "sampler"
+        reported, _ = batch.prepare_batch(run, rollouts, scores)
+    finally:
+        run.grader.close()
+        run.checkpointer.close()
+        run.logger.close()
+    mask = np.asarray(recomputed["response_mask"]) > 0
+    old, new = np.asarray(recomputed["old_logprobs"]), np.asarray(reported["old_logprobs"])
+    assert mask.sum() > 0 and np.all(old[mask] < 0)  # real log-probs where the completions are
+    np.testing.assert_allclose(new, old, atol=1e-5)
+    assert np.all(new[~mask] == 0) and metrics["rollout/sampler_logprob_diff"] < 1e-5
+    for key in recomputed:
+        if key not in ("old_logprobs", batch.update_lib.PACKED):
+            np.testing.assert_allclose(np.asarray(reported[key]), np.asarray(recomputed[key]), atol=1e-5, err_msg=key)
