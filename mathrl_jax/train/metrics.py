@@ -60,7 +60,7 @@ METRIC_NAMES: dict[str, str] = {
     "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
     "rollout/sampler_logprob_diff": (
         "mean |trainer - sampler| log-prob of the response tokens; a health check, with plain sampling only "
-        "(temperature 1, top_p 1, no top_k)"
+        "(temperature 1, top_p 1, no top_k) and when the trainer recomputes the old log-probs (old_logprobs)"
     ),
     "rollout/episode_return": "mean undiscounted return of an episode (multi-turn env_name)",
     "rollout/episode_turns": "mean turns per episode (multi-turn env_name)",
@@ -119,8 +119,8 @@ METRIC_NAMES: dict[str, str] = {
     "perf/generate_time": "seconds the batch took to sample and grade (in the generator thread for async_ppo)",
     "perf/wait_time": "seconds the learner waited for its batch",
     "perf/grade_time": "seconds of perf/generate_time spent computing the rewards (verifier, or a custom reward_fn)",
-    "perf/logprob_time": "seconds of the trainer's passes before the update: old / reference / proximal log-probs, "
-    "critic values, advantages",
+    "perf/logprob_time": "seconds of the trainer's passes before the update: old (unless taken from the sampler, "
+    "old_logprobs) / reference / proximal log-probs, critic values, advantages",
     "perf/update_time": "seconds of the jitted update (every minibatch's forward, backward and optimizer step)",
     "perf/sync_time": "seconds to hand the new weights to the sampler (Sampler.update_weights)",
     "perf/tokens_per_second": "response tokens of the batch per second of the iteration",
