@@ -68,8 +68,10 @@ def prepare_batch(
     sampler_logprobs = arrays.pop("sampler_logprobs")
     batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
     shape = pack_shape(run, arrays["attention_mask"].shape[1])
+    from_sampler = old_logprobs_from_sampler(c)
+    passes_run = not from_sampler or run.ref_params is not None or run.values is not None
     plan = None
-    if shape is not None:
+    if shape is not None and passes_run:  # no pass to pack when the old log-probs are the sampler's alone
         plan = packing.plan_passes(
             arrays["attention_mask"],
             shape["row_tokens"],
@@ -78,7 +80,6 @@ def prepare_batch(
         )
         plan = {k: jnp.asarray(v) for k, v in plan.items()}
     inputs = (batch["input_ids"], batch["attention_mask"], plan)
-    from_sampler = old_logprobs_from_sampler(c)
     with mesh_context(run):
         if from_sampler:
             old = jnp.asarray(arrays["old_logprobs"])  # 0 off the completions, as the recomputed ones are masked
