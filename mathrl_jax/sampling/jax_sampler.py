@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mathrl_jax import executable_cache
 from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
 from mathrl_jax.sharding.distributed import fetch
@@ -75,7 +76,7 @@ def sampling_distribution(logits: chex.Array, temperature, top_k, top_p, *, use_
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "samples_per_prompt", "cache_length"))
-def prefill(graphdef, state, prompt_ids, prompt_mask, *, samples_per_prompt: int, cache_length: int):
+def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int, cache_length: int):
     """Runs left-padded prompts `[U, P]` into a fresh cache; returns the decode state for `n` samples each.
 
     Module-level and keyed on the (hashable) graphdef, so every sampler of the
@@ -109,7 +110,7 @@ def prefill(graphdef, state, prompt_ids, prompt_mask, *, samples_per_prompt: int
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "greedy", "use_filter"), donate_argnames=("carry",))
-def decode(graphdef, state, carry, keys, controls, *, greedy: bool, use_filter: bool):
+def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: bool):
     """Decodes until every row is done or `controls["until"]` tokens exist.
 
     carry: tokens / logprobs / policy_logprobs `[N, G]` (written at column
@@ -182,6 +183,11 @@ def decode(graphdef, state, carry, keys, controls, *, greedy: bool, use_filter: 
     return jax.lax.while_loop(cond, body, carry)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _row_keys(seed: jax.Array, num_rows: int) -> jax.Array:
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
+
+
 class JaxSampler:
     """Samples from a `QwenForCausalLM` with a KV cache, on any JAX backend.
 
@@ -215,6 +221,9 @@ class JaxSampler:
     ):
         self.config = model.config
         self.graphdef, state = nnx.split(model)
+        # Module-level programs, closing over nothing: the static arguments (graphdef included) key them.
+        self._prefill = executable_cache.cached(prefill, name="prefill", identity=None)
+        self._decode = executable_cache.cached(decode, name="decode", identity=None)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.tokenizer = tokenizer
@@ -273,8 +282,9 @@ class JaxSampler:
 
     def _row_keys(self, seed: int, num_rows: int) -> jax.Array:
         """One key per row from (seed, row index): a row's draws do not depend on the batch around it."""
-        base = jax.random.key(seed)
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, jnp.arange(num_rows))
+        if 0 <= seed < 2**31:  # one compiled program (an int32 seed keys exactly as the Python int does)
+            return _row_keys(jax.device_put(np.int32(seed)), num_rows)
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
 
     def generate(self, prompts: Sequence[Union[str, Sequence[int]]], params: SamplingParams) -> Rollouts:
         """Samples `params.n` completions per prompt (token ids, or strings with a tokenizer)."""
@@ -309,34 +319,39 @@ class JaxSampler:
 
         seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, 2**31 - 1))
         with self._mesh_context():
-            decode_state = prefill(
-                self.graphdef,
+            decode_state = self._prefill(
                 self.state,
-                ids,
-                mask,
+                *jax.device_put((ids, mask)),
+                graphdef=self.graphdef,
                 samples_per_prompt=n,
                 cache_length=prompt_bucket + generation_bucket,
             )
             finish = np.full((rows,), RUNNING, np.int32)
             finish[num_prompts * n :] = STOPPED  # padding rows never run
-            carry = dict(
-                tokens=jnp.full((rows, generation_bucket), self.pad_token_id, jnp.int32),
-                logprobs=jnp.zeros((rows, generation_bucket), jnp.float32),
-                policy_logprobs=jnp.zeros((rows, generation_bucket), jnp.float32),
-                lengths=jnp.zeros((rows,), jnp.int32),
-                finish=jnp.asarray(finish),
-                stop_token=jnp.full((rows,), -1, jnp.int32),
-                step=jnp.zeros((), jnp.int32),
-                **decode_state,
+            # Built in numpy and put on the device in one go: `jnp.full`, `jnp.asarray` of numpy and the like each
+            # run (and on first use trace and compile) a small program.
+            carry = jax.device_put(
+                dict(
+                    tokens=np.full((rows, generation_bucket), self.pad_token_id, np.int32),
+                    logprobs=np.zeros((rows, generation_bucket), np.float32),
+                    policy_logprobs=np.zeros((rows, generation_bucket), np.float32),
+                    lengths=np.zeros((rows,), np.int32),
+                    finish=finish,
+                    stop_token=np.full((rows,), -1, np.int32),
+                    step=np.zeros((), np.int32),
+                )
             )
-            controls = dict(
-                temperature=jnp.float32(max(params.temperature, 1e-6)),
-                top_k=jnp.int32(params.top_k),
-                top_p=jnp.float32(params.top_p),
-                max_new_tokens=jnp.int32(params.max_new_tokens),
-                prompt_bucket=jnp.int32(prompt_bucket),
-                pad_id=jnp.int32(self.pad_token_id),
-                stop_ids=jnp.asarray(stop_ids + [-1] * (MAX_STOP_TOKENS - len(stop_ids)), jnp.int32),
+            carry.update(decode_state)
+            controls = jax.device_put(
+                dict(
+                    temperature=np.float32(max(params.temperature, 1e-6)),
+                    top_k=np.int32(params.top_k),
+                    top_p=np.float32(params.top_p),
+                    max_new_tokens=np.int32(params.max_new_tokens),
+                    prompt_bucket=np.int32(prompt_bucket),
+                    pad_id=np.int32(self.pad_token_id),
+                    stop_ids=np.asarray(stop_ids + [-1] * (MAX_STOP_TOKENS - len(stop_ids)), np.int32),
+                )
             )
             keys = self._row_keys(seed, rows)
             use_filter = params.top_k > 0 or params.top_p < 1.0
@@ -345,12 +360,12 @@ class JaxSampler:
             until = 0
             while True:
                 until = min(until + chunk, params.max_new_tokens)
-                carry = decode(
-                    self.graphdef,
+                carry = self._decode(
                     self.state,
                     carry,
                     keys,
-                    dict(controls, until=jnp.int32(until)),
+                    dict(controls, until=jax.device_put(np.int32(until))),
+                    graphdef=self.graphdef,
                     greedy=params.greedy,
                     use_filter=use_filter,
                 )

@@ -66,7 +66,7 @@ def prepare_batch(
     arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=batch_columns(c, rollouts))
     arrays.pop("prompt_length")
     sampler_logprobs = arrays.pop("sampler_logprobs")
-    batch = {k: jnp.asarray(v) for k, v in arrays.items() if k != "old_logprobs"}
+    batch = jax.device_put({k: v for k, v in arrays.items() if k != "old_logprobs"})  # int32 / float32 already
     shape = pack_shape(run, arrays["attention_mask"].shape[1])
     from_sampler = old_logprobs_from_sampler(c)
     passes_run = not from_sampler or run.ref_params is not None or run.values is not None

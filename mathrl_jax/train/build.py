@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mathrl_jax import sharding
+from mathrl_jax import executable_cache, losses, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
@@ -171,8 +171,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     total = num_iterations(config)
     alg = config.algorithm_name
     needs_critic = algorithms.ALGORITHMS[alg].critic
-    optimizer = state_lib.make_optimizer(
-        config.lr,
+    optimizer_settings = dict(
+        learning_rate=config.lr,
         schedule=config.lr_schedule,
         warmup_steps=config.warmup_steps,
         total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch),
@@ -180,14 +180,16 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         max_grad_norm=config.max_grad_norm,
         eps=config.adam_eps,
     )
-    critic_graphdef = critic_params = critic_optimizer = None
+    optimizer = state_lib.make_optimizer(**optimizer_settings)
+    critic_graphdef = critic_params = critic_optimizer = critic_optimizer_settings = None
     if needs_critic:
         critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
-        critic_optimizer = state_lib.make_optimizer(
-            config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
+        critic_optimizer_settings = dict(
+            learning_rate=config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
         )
+        critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings)
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
@@ -197,15 +199,28 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     update_cfg = update_config(config)
     # The asynchronous generator samples with the params the learner is updating: donating them to the update
     # would free buffers another thread is reading.
-    update = update_lib.make_update_fn(
-        graphdef,
-        optimizer,
-        update_cfg,
+    update_settings = dict(
         critic_graphdef=critic_graphdef,
-        critic_optimizer=critic_optimizer,
         donate=alg != "async_ppo",
         state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
     )
+    update = update_lib.make_update_fn(
+        graphdef, optimizer, update_cfg, critic_optimizer=critic_optimizer, **update_settings
+    )
+    # Everything the update closes over, so a later run loads its executable without tracing it. Only for the
+    # library's own losses: the code of a loss registered from a user's module is not in the key.
+    if losses.get_policy_loss(update_cfg.policy_loss).__module__.startswith("mathrl_jax."):
+        update = executable_cache.cached(
+            update,
+            name="update",
+            identity=dict(
+                update_settings,
+                config=update_cfg,
+                graphdef=graphdef,
+                optimizer=optimizer_settings,
+                critic_optimizer=critic_optimizer_settings,
+            ),
+        )
     loader = sources.ProblemLoader(train_problems, seed=config.seed)
     checkpointer = Checkpointer(
         os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep

@@ -271,6 +271,9 @@ def minibatch_order(rng: jax.Array, rows: int, epochs: int, num_mini_batches: in
     return key, perms.reshape(epochs * num_mini_batches, rows // num_mini_batches)
 
 
+_minibatch_order = jax.jit(minibatch_order, static_argnums=(1, 2, 3))  # one program on the host's side
+
+
 def with_packing(
     batch: Dict[str, Any],
     rng: jax.Array,
@@ -293,7 +296,7 @@ def with_packing(
     if "value_mask" in host:
         trained |= host["value_mask"].sum(axis=1) > 0
     rows = host["attention_mask"].shape[0]
-    _, order = minibatch_order(rng, rows, epochs, num_mini_batches)
+    _, order = _minibatch_order(rng, rows, epochs, num_mini_batches)
     plan = packing.plan_update(
         host["attention_mask"],
         trained,
@@ -303,7 +306,7 @@ def with_packing(
         rows_multiple=rows_multiple,
         response_mask=host["response_mask"],
     )
-    return {**batch, PACKED: {k: jnp.asarray(v) for k, v in plan.items()}}
+    return {**batch, PACKED: jax.device_put(plan)}
 
 
 def make_update_fn(

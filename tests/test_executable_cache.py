@@ -1,0 +1,186 @@
+"""Compiled programs kept on disk and loaded without tracing (`mathrl_jax.executable_cache`): a loaded program
+computes what the jitted function does; anything that defines the program (identity, shapes, static arguments)
+keys it; a damaged entry is compiled again; and a second training process loads the update and the sampler's
+programs instead of tracing them, with every metric equal to a run without any cache."""
+
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mathrl_jax import executable_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_program(scale, traces):
+    """A jitted function closing over `scale` (which its identity must describe), counting its traces."""
+
+    @functools.partial(jax.jit, static_argnames=("power",), donate_argnums=(1,))
+    def program(params, carry, *, power):
+        traces.append(power)
+        return {"out": jnp.tanh(params["w"] @ carry) ** power * scale, "sum": jnp.sum(carry)}
+
+    return program
+
+
+def arguments(rows=3):
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(rows, rows)), jnp.float32)}
+    return params, jnp.asarray(rng.normal(size=(rows, 2)), jnp.float32)
+
+
+def test_a_loaded_program_computes_what_the_jitted_one_does_without_tracing(tmp_path):
+    traces = []
+    params, carry = arguments()
+    expected = jax.device_get(make_program(2.0, [])(params, jnp.copy(carry), power=3))
+
+    first = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", {"scale": 2.0})
+    got = jax.device_get(first(params, jnp.copy(carry), power=3))
+    assert (first.compiled, first.loaded, len(traces)) == (1, 0, 1)
+    assert len(os.listdir(tmp_path)) == 1
+    second = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", {"scale": 2.0})
+    again = jax.device_get(second(params, jnp.copy(carry), power=3))
+    assert (second.compiled, second.loaded, len(traces)) == (0, 1, 1)  # loaded, not traced
+    for result in (got, again):
+        np.testing.assert_array_equal(result["out"], expected["out"])
+        np.testing.assert_array_equal(result["sum"], expected["sum"])
+    donated = jnp.copy(carry)
+    second(params, donated, power=3)
+    assert donated.is_deleted()  # the loaded program keeps the jit's donation
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["identity", "static argument", "shape", "dtype"],
+)
+def test_whatever_defines_the_program_keys_it(change, tmp_path):
+    params, carry = arguments()
+    cached = executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", {"scale": 2.0})
+    cached(params, jnp.copy(carry), power=3)
+    scale, power = 2.0, 3
+    if change == "identity":
+        scale = 5.0
+    elif change == "static argument":
+        power = 1
+    elif change == "shape":
+        params, carry = arguments(rows=4)
+    else:
+        carry = carry.astype(jnp.bfloat16)
+    traces = []
+    other = executable_cache.CachedJit(make_program(scale, traces), str(tmp_path), "program", {"scale": scale})
+    result = jax.device_get(other(params, jnp.copy(carry), power=power))
+    assert (other.compiled, other.loaded, len(traces)) == (1, 0, 1)  # not the first entry
+    assert len(os.listdir(tmp_path)) == 2
+    expected = jax.device_get(make_program(scale, [])(params, jnp.copy(carry), power=power))
+    np.testing.assert_allclose(np.asarray(result["out"], np.float32), np.asarray(expected["out"], np.float32))
+
+
+def test_canonical_text_has_no_addresses_and_sorted_keys():
+    def f():
+        pass
+
+    text = executable_cache.canonical({"b": f, "a": [1, 2.5]})
+    assert "0x" not in text and text.index("'a'") < text.index("'b'")
+    assert text == executable_cache.canonical({"a": [1, 2.5], "b": f})
+
+
+def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path, caplog):
+    params, carry = arguments()
+    executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", None)(params, jnp.copy(carry), power=2)
+    (entry,) = os.listdir(tmp_path)
+    with open(tmp_path / entry, "r+b") as f:
+        f.truncate(100)
+    traces = []
+    cached = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", None)
+    with caplog.at_level(logging.WARNING, logger="mathrl_jax.executable_cache"):
+        result = jax.device_get(cached(params, jnp.copy(carry), power=2))
+    assert "cannot load the cached executable" in caplog.text and entry in caplog.text
+    assert (cached.compiled, cached.loaded, len(traces)) == (1, 0, 1)
+    expected = jax.device_get(make_program(2.0, [])(params, jnp.copy(carry), power=2))
+    np.testing.assert_array_equal(result["out"], expected["out"])
+    reloaded = executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", None)
+    reloaded(params, jnp.copy(carry), power=2)
+    assert reloaded.loaded == 1 and os.listdir(tmp_path) == [entry]  # rewritten whole, no temporary left
+
+
+def test_host_arguments_go_to_the_jitted_function(tmp_path):
+    traces = []
+    cached = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", None)
+    params, carry = arguments()
+    cached(params, np.asarray(carry), power=2)  # a numpy leaf: no signature, the jit's own path
+    assert (cached.compiled, cached.loaded) == (0, 0) and len(traces) == 1 and not os.listdir(tmp_path)
+
+
+def test_off_without_a_compilation_cache():
+    jitted = make_program(1.0, [])
+    assert executable_cache.directory() is None  # the tests never enable JAX's cache in-process
+    assert executable_cache.cached(jitted, name="program", identity=None) is jitted
+
+
+TRAINING = """
+import json, logging, sys
+from mathrl_jax import compile_cache
+from mathrl_jax.configs import default
+from mathrl_jax.train import loop
+
+model_dir, run_dir, cache = sys.argv[1:4]
+compile_cache.enable(cache)
+events = []
+class Count(logging.Handler):
+    def emit(self, record):
+        message = record.getMessage()
+        events.append(message.split(":")[0] + (" loaded" if " loaded " in message else " compiled"))
+log = logging.getLogger("mathrl_jax.executable_cache")
+log.addHandler(Count()); log.setLevel(logging.INFO)
+c = default.get_config()
+c.model_name_or_path, c.run_dir = model_dir, run_dir
+c.warmstart.steps = 0
+c.arithmetic.num_train, c.arithmetic.num_eval, c.num_eval_problems = 64, 8, 8
+c.n_rollout_threads, c.group_size, c.max_new_tokens, c.num_mini_batch = 8, 4, 6, 2
+c.num_iterations, c.eval_interval, c.save_interval, c.progress = 2, 0, 0, False
+c.reward.num_workers = 1
+history = []
+loop.train(c, on_metrics=lambda i, m: history.append({k: float(v) for k, v in m.items() if not k.startswith("perf/")}))
+print("RESULT" + json.dumps({"events": sorted(events), "history": history}))
+"""
+
+
+def train_in_a_process(model_dir, run_dir, cache):
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINING, model_dir, str(run_dir), cache],
+        cwd=ROOT,
+        env=dict({k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
+    return json.loads(line[len("RESULT") :])
+
+
+def test_a_second_training_process_loads_its_programs_and_trains_the_same(tmp_path):
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    model_dir = str(tmp_path / "model")
+    write_tiny_checkpoint(model_dir, seed=0, num_hidden_layers=1)
+    cache = str(tmp_path / "cache")
+    uncached = train_in_a_process(model_dir, tmp_path / "run0", "")
+    first = train_in_a_process(model_dir, tmp_path / "run1", cache)
+    second = train_in_a_process(model_dir, tmp_path / "run2", cache)
+    assert uncached["events"] == []
+    programs = ("decode", "prefill", "update")
+    assert sorted({e.split()[0] for e in first["events"]}) == list(programs)
+    assert all(e.endswith("compiled") for e in first["events"])
+    assert second["events"] == sorted(e.replace("compiled", "loaded") for e in first["events"])
+    assert len(uncached["history"]) == 2
+    for run in (first, second):  # the same programs: every metric equal, to the bit
+        assert run["history"] == uncached["history"]
