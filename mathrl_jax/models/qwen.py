@@ -124,7 +124,7 @@ def apply_rope(x: chex.Array, cos: chex.Array, sin: chex.Array) -> chex.Array:
 
 
 class KVCache(NamedTuple):
-    """Preallocated keys and values, one `[B, S, num_kv_heads, head_dim]` array per layer."""
+    """Preallocated keys and values, one `[B, num_kv_heads, S, head_dim]` array per layer."""
 
     keys: Tuple[chex.Array, ...]
     values: Tuple[chex.Array, ...]
@@ -132,7 +132,9 @@ class KVCache(NamedTuple):
 
 def init_cache(config: QwenConfig, batch: int, max_length: int, dtype=None) -> KVCache:
     """An all-zero cache for `max_length` positions (prompt + generation)."""
-    shape = (batch, max_length, config.num_key_value_heads, config.head_dim)
+    # Heads before positions: decoding contracts each kv head's `[S, d]` block, so with this layout the attention
+    # reads the cache in place (with `[B, S, K, d]`, XLA:CPU copied a transpose of every layer's cache each step).
+    shape = (batch, config.num_key_value_heads, max_length, config.head_dim)
     dtype = dtype or config.jnp_dtype
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
     return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)))
@@ -192,11 +194,15 @@ class Attention(nnx.Module):
         if layer_cache is None:
             out = causal_attention(q, k, v, allowed)
         else:
-            cached_k, cached_v = layer_cache
-            k = jax.lax.dynamic_update_slice_in_dim(cached_k, k.astype(cached_k.dtype), cache_index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cached_v, v.astype(cached_v.dtype), cache_index, axis=1)
+            cached_k, cached_v = layer_cache  # [B, K, S, d]
+            k = jax.lax.dynamic_update_slice_in_dim(
+                cached_k, k.transpose(0, 2, 1, 3).astype(cached_k.dtype), cache_index, axis=2
+            )
+            v = jax.lax.dynamic_update_slice_in_dim(
+                cached_v, v.transpose(0, 2, 1, 3).astype(cached_v.dtype), cache_index, axis=2
+            )
             layer_cache = (k, v)
-            out = grouped_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed)
+            out = cache_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed)
         out = constrain_heads(out)
         return _flat(self.o_proj, out.reshape(batch, length, -1)), layer_cache
 
@@ -205,19 +211,29 @@ def grouped_attention(q, k, v, allowed):
     """softmax(q k^T / sqrt(d) masked) v for q [B, T, H, d], k/v [B, S, K, d], allowed [B, T, S].
 
     Heads are grouped (H = K * G) without repeating k and v; logits and softmax
-    are float32 whatever the compute dtype. The KV-cache path; the cache-less
-    pass uses `causal_attention`.
+    are float32 whatever the compute dtype. The reference form of `cache_attention`
+    (which takes k/v in the cache's `[B, K, S, d]` layout); the cache-less pass uses
+    `causal_attention`.
     """
+    return cache_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed)
+
+
+def cache_attention(q, k, v, allowed):
+    """`grouped_attention` with k/v `[B, K, S, d]`, the KV cache's layout: the decoding path."""
     batch, length, heads, dim = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(batch, length, kv_heads, heads // kv_heads, dim)
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(dim).astype(
+    kv_heads, keys = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    # Both operands with (batch, kv head) leading: plain batched matmuls, which XLA:CPU hands to its fast
+    # kernels; only the queries (a few tokens when decoding) are transposed.
+    qh = q.reshape(batch, length, kv_heads, groups, dim).transpose(0, 2, 1, 3, 4).reshape(batch, kv_heads, -1, dim)
+    logits = jnp.einsum("bkrd,bksd->bkrs", qh, k, preferred_element_type=jnp.float32) / jnp.sqrt(dim).astype(
         jnp.float32
     )
-    logits = jnp.where(allowed[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(batch, length, heads, dim)
+    logits = logits.reshape(batch, kv_heads, length, groups, keys)
+    logits = jnp.where(allowed[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(batch, kv_heads, length * groups, keys)
+    out = jnp.einsum("bkrs,bksd->bkrd", probs, v).reshape(batch, kv_heads, length, groups, dim)
+    return out.transpose(0, 2, 1, 3, 4).reshape(batch, length, heads, dim)
 
 
 ATTENTION_BLOCK = 64  # query tokens per block of `causal_attention`

@@ -34,7 +34,7 @@ from mathrl_jax import executable_cache
 from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
 from mathrl_jax.sharding.distributed import fetch
-from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
+from mathrl_jax.sharding.rules import constrain_batch, constrain_kv_cache
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
 MAX_STOP_TOKENS = 8  # stop-token ids travel as a fixed-size array, so their number does not recompile
@@ -86,7 +86,7 @@ def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int
     config = model.config
     num_prompts, prompt_len = prompt_ids.shape
     cache = init_cache(config, num_prompts, cache_length)
-    cache = KVCache(*(tuple(constrain_heads(a) for a in part) for part in cache))
+    cache = KVCache(*(tuple(constrain_kv_cache(a) for a in part) for part in cache))
     cache_mask = jnp.zeros((num_prompts, cache_length), jnp.int32).at[:, :prompt_len].set(prompt_mask)
     positions = default_positions(prompt_mask)
     hidden, cache = model(
@@ -99,7 +99,7 @@ def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int
         return constrain_batch(jnp.repeat(x, samples_per_prompt, axis=0))
 
     cache = KVCache(
-        *(tuple(constrain_heads(jnp.repeat(a, samples_per_prompt, axis=0)) for a in part) for part in cache)
+        *(tuple(constrain_kv_cache(jnp.repeat(a, samples_per_prompt, axis=0)) for a in part) for part in cache)
     )
     return dict(
         last_logits=repeat(last_logits),

@@ -160,6 +160,11 @@ def constrain_heads(x: chex.Array) -> chex.Array:
     return constrain(x, P(("dp", "fsdp"), None, "tp", None))
 
 
+def constrain_kv_cache(x: chex.Array) -> chex.Array:
+    """A KV cache layer `[B, K, S, d]`: batch over ("dp", "fsdp"), kv heads over "tp"."""
+    return constrain(x, P(("dp", "fsdp"), "tp", None, None))
+
+
 def loader_sharding_fn(mesh: jax.sharding.Mesh, rules: Rules) -> Callable[[Tuple, Tuple[int, ...]], NamedSharding]:
     """The `(nnx_path, shape) -> Sharding` that `models.hf.load_state` takes, from a rule set."""
     return lambda path, shape: NamedSharding(mesh, spec_for("/".join(map(str, path)), shape, rules, mesh))
