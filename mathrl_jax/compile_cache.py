@@ -6,6 +6,9 @@ written to a directory and a later run with the same programs loads them instead
 entry on the program, the backend, the device kind and the compile options, so a changed program (other
 shapes, another model, other flags) simply compiles anew: the cache is never wrong, only cold.
 
+JAX's cache still traces and lowers each program before looking it up; `executable_cache` keeps the largest
+programs (the update, the sampler's prefill and decode) in a subdirectory of this one, keyed without tracing.
+
 `scripts/train.py` turns it on from `config.compilation_cache_dir` ("auto" by default) and
 `scripts/evaluate.py` from `--compilation-cache-dir`; a library user calls `enable` themselves, or not.
 """
