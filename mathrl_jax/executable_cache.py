@@ -17,8 +17,10 @@ executable for next time. A change to the code or a closed-over setting that the
 not be seen, which is why the identity is built next to the code that builds the function (`train.build`), from
 the same settings. An unreadable entry is reported and compiled anew; entries are written atomically.
 
-On under `compile_cache.enable` (a subdirectory of its directory), for a single process: a multi-process run keeps
-JAX's cache only.
+On wherever JAX's persistent cache has a directory (`compile_cache.enable`, or `$JAX_COMPILATION_CACHE_DIR`), in a
+subdirectory of it, for a single process: a multi-process run keeps JAX's cache only. An entry is written from a
+program XLA compiled in this process (see `_compiled_without_jax_cache`), so the first run after a change to the
+package compiles these programs in full once, even where JAX's cache holds them.
 """
 
 from __future__ import annotations
@@ -162,9 +164,13 @@ class CachedJit:
             blob = pickle.dumps((*serialize_executable.serialize(executable), device_ids))
             os.makedirs(self.directory, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".writing-")
-            with os.fdopen(handle, "wb") as f:
-                f.write(blob)
-            os.replace(temporary, path)  # atomic: a reader sees the whole entry or none
+            try:
+                with os.fdopen(handle, "wb") as f:
+                    f.write(blob)
+                os.replace(temporary, path)  # atomic: a reader sees the whole entry or none
+            finally:
+                if os.path.exists(temporary):
+                    os.remove(temporary)
         except Exception as error:  # noqa: BLE001  the run goes on without the entry
             logger.warning("%s: cannot write the cached executable to %s (%s)", self.name, self.directory, error)
         return executable

@@ -111,6 +111,19 @@ def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path, caplog):
     assert reloaded.loaded == 1 and os.listdir(tmp_path) == [entry]  # rewritten whole, no temporary left
 
 
+def test_an_unwritable_directory_is_reported_and_the_call_still_answers(tmp_path, caplog):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a directory")
+    params, carry = arguments()
+    cached = executable_cache.CachedJit(make_program(2.0, []), str(blocked / "below"), "program", None)
+    with caplog.at_level(logging.WARNING, logger="mathrl_jax.executable_cache"):
+        result = jax.device_get(cached(params, jnp.copy(carry), power=2))
+    assert "cannot write the cached executable" in caplog.text and "a_file" in caplog.text
+    expected = jax.device_get(make_program(2.0, [])(params, jnp.copy(carry), power=2))
+    np.testing.assert_array_equal(result["out"], expected["out"])
+    assert os.listdir(tmp_path) == ["a_file"]
+
+
 def test_host_arguments_go_to_the_jitted_function(tmp_path):
     traces = []
     cached = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", None)
