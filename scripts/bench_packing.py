@@ -106,9 +106,9 @@ def main(argv=None):
     width = host["input_ids"].shape[1]
     padded = {k: jnp.asarray(v) for k, v in host.items()}
     # The loop's plan (train/batch.py `pack_shape`): rows of the batch width, micro-batches of the same tokens.
-    shape = dict(row_tokens=width, rows_per_micro=max(1, args.micro_batch * width // width), rows_multiple=1)
+    shape = dict(row_tokens=width, max_rows_per_micro=args.micro_batch, rows_multiple=1)
     packed = with_packing(padded, state.rng, epochs=1, num_mini_batches=args.mini_batches, **shape)
-    passes_plan = packing.plan_passes(host["attention_mask"], width, rows_per_chunk=shape["rows_per_micro"])
+    passes_plan = packing.plan_passes(host["attention_mask"], width, max_rows_per_chunk=args.micro_batch)
     passes_plan = {k: jnp.asarray(v) for k, v in passes_plan.items()}
     logprobs = compute_logprobs_fn(graphdef, chunk_rows=args.micro_batch)
 

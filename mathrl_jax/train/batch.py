@@ -75,7 +75,7 @@ def prepare_batch(
         plan = packing.plan_passes(
             arrays["attention_mask"],
             shape["row_tokens"],
-            rows_per_chunk=shape["rows_per_micro"],
+            max_rows_per_chunk=shape["max_rows_per_micro"],
             rows_multiple=shape["rows_multiple"],
         )
         plan = {k: jnp.asarray(v) for k, v in plan.items()}
@@ -171,10 +171,10 @@ def pack_shape(run: Run, width: int) -> Optional[Dict[str, Any]]:
         return None
     row_tokens = max(int(c.pack_length), width)
     shards = 1 if run.mesh is None else int(run.mesh.shape.get("dp", 1) * run.mesh.shape.get("fsdp", 1))
-    rows_per_micro = None
+    max_rows_per_micro = None
     if c.micro_batch_size:
-        rows_per_micro = max(1, c.micro_batch_size * width // row_tokens)
-    return dict(row_tokens=row_tokens, rows_per_micro=rows_per_micro, rows_multiple=shards)
+        max_rows_per_micro = max(1, c.micro_batch_size * width // row_tokens)
+    return dict(row_tokens=row_tokens, max_rows_per_micro=max_rows_per_micro, rows_multiple=shards)
 
 
 def with_update_plan(run: Run, batch: Dict[str, Any], shape: Optional[Dict[str, Any]]) -> Dict[str, Any]:

@@ -13,11 +13,13 @@ the same loss, metrics and gradients (up to float rounding), for every aggregati
 Two plans:
   * `plan_passes`: all N rows, for the old / reference / proximal log-probs and the critic values.
   * `plan_update`: per minibatch of `update.minibatch_order`, micro-batches formed by tokens: the
-    minibatch's sequences packed into rows, `rows_per_micro` rows per micro-batch, plus the padded rows
-    (`rows`) whose loss-side arrays each micro-batch gathers.
+    minibatch's sequences packed into rows, at most `max_rows_per_micro` rows per micro-batch (the token
+    budget), plus the padded rows (`rows`) whose loss-side arrays each micro-batch gathers.
 
-Shapes are bucketed (`bucket_count`: four sizes per power of two) so that a run compiles a handful of
-programs, not one per batch.
+Micro-batches (and chunks of the passes) hold as many rows as computes the fewest rows in all
+(`rows_per_micro_batch`): the update and the passes skip a micro-batch that holds no token, so only a
+micro-batch's empty rows cost, not its count. Shapes are bucketed (`bucket_count`: four sizes per power of
+two) so that a run compiles a handful of programs, not one per batch.
 """
 
 from __future__ import annotations
@@ -55,6 +57,25 @@ def first_fit(lengths: Sequence[int], capacity: int) -> List[List[int]]:
             bins.append([item])
             room.append(capacity - lengths[item])
     return bins
+
+
+# A micro-batch's fixed cost in tokens' worth of work (the scan step, the gradient sum, smaller matmuls): what
+# makes `rows_per_micro_batch` prefer fewer, larger micro-batches when they compute about as many rows.
+MICRO_BATCH_OVERHEAD_TOKENS = 256
+
+
+def rows_per_micro_batch(needed: Sequence[int], max_rows: int, row_tokens: int, multiple: int = 1) -> int:
+    """Packed rows per micro-batch, R, for steps that need `needed[s]` packed rows each: a multiple of
+    `multiple` (the data-parallel shards) and at most `max_rows` (the token budget; at least `multiple`).
+
+    Empty micro-batches are skipped, so step s computes ceil(n_s / R) micro-batches of R rows. R is the one
+    with the least cost sum_s ceil(n_s / R) * (R + overhead), the overhead being `MICRO_BATCH_OVERHEAD_TOKENS`
+    in rows; ties go to the larger R. E.g. 3 rows under a budget of 2: one row per micro-batch (3 rows
+    computed) rather than two (4)."""
+    top = max(int(max_rows) // multiple, 1) * multiple
+    overhead = MICRO_BATCH_OVERHEAD_TOKENS / row_tokens
+    costs = {r: sum(-(-int(n) // r) * (r + overhead) for n in needed) for r in range(multiple, top + 1, multiple)}
+    return min(costs, key=lambda r: (costs[r], -r))
 
 
 def token_extents(attention_mask: np.ndarray, response_mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, ...]:
@@ -110,23 +131,24 @@ def plan_passes(
     attention_mask: np.ndarray,
     row_tokens: int,
     *,
-    rows_per_chunk: Optional[int] = None,
+    max_rows_per_chunk: Optional[int] = None,
     rows_multiple: int = 1,
 ) -> Dict[str, np.ndarray]:
     """Every row of an `[N, L]` batch packed into `[P, row_tokens]` rows (P a `bucket_count`, a multiple of
-    `rows_multiple`, the data-parallel shards), with `unpack [N, L]`. With `rows_per_chunk`, the rows are
-    `[P / rows_per_chunk, rows_per_chunk, T]`: the passes run a chunk at a time (the update's micro-batch)."""
+    `rows_multiple`, the data-parallel shards), with `unpack [N, L]`. With `max_rows_per_chunk` (the update's
+    micro-batch budget), the rows are `[C, R, T]`: the passes run a chunk of R rows at a time
+    (`rows_per_micro_batch`), C a `bucket_count`, skipping the empty chunks."""
     first, counts = token_extents(attention_mask)
     rows = [int(r) for r in np.flatnonzero(counts > 0)]
     groups = [[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)]
-    if rows_per_chunk:
-        rows_per_chunk = -(-rows_per_chunk // rows_multiple) * rows_multiple
+    if max_rows_per_chunk:
+        rows_per_chunk = rows_per_micro_batch([len(groups)], max_rows_per_chunk, row_tokens, rows_multiple)
         num_rows = bucket_count(-(-len(groups) // rows_per_chunk)) * rows_per_chunk
     else:
         num_rows = bucket_count(len(groups), rows_multiple)
     width = attention_mask.shape[1]
     plan = _layout(groups, list(range(len(counts))), first, counts, width, num_rows, row_tokens)
-    if rows_per_chunk:
+    if max_rows_per_chunk:
         for key in ("source", "segment_ids", "positions"):
             plan[key] = plan[key].reshape(-1, rows_per_chunk, row_tokens)
     return plan
@@ -138,7 +160,7 @@ def plan_update(
     order: np.ndarray,
     row_tokens: int,
     *,
-    rows_per_micro: Optional[int] = None,
+    max_rows_per_micro: Optional[int] = None,
     rows_multiple: int = 1,
     response_mask: Optional[np.ndarray] = None,
 ) -> Dict[str, np.ndarray]:
@@ -150,7 +172,8 @@ def plan_update(
         nothing to a loss or a metric and are left out.
       order: `[S, mini]` the padded rows of each minibatch step (`update.minibatch_order`).
       row_tokens: columns of a packed row.
-      rows_per_micro: packed rows per micro-batch (the token budget / `row_tokens`); None: one micro-batch.
+      max_rows_per_micro: the most packed rows in a micro-batch (the token budget / `row_tokens`); the rows
+        per micro-batch are `rows_per_micro_batch`'s. None: one micro-batch per minibatch.
       rows_multiple: packed rows per micro-batch are a multiple of it (data-parallel shards).
       response_mask: checked as `token_extents` says.
 
@@ -158,26 +181,27 @@ def plan_update(
       `source`, `segment_ids`, `positions` `[S, A, R, T]`; `rows` `[S, A, K]` (padded row of each loss-side
       slot, N for an empty slot); `unpack` `[S, A, K, L]` into the micro-batch's `[R * T]` packed tokens.
       A, R and K are the same for every step (the largest needed, bucketed); a step with fewer micro-batches
-      or sequences has empty ones.
+      or sequences has empty ones (the update skips a micro-batch with no token).
     """
     first, counts = token_extents(attention_mask, response_mask)
     width, total = attention_mask.shape[1], attention_mask.shape[0]
     order = np.asarray(order)
-    steps: List[List[Tuple[List[List[int]], List[int]]]] = []  # per step, per micro-batch: (groups, sequences)
+    step_groups = []  # per step, its sequences first-fit into packed rows
     for step_rows in order:
         rows = [int(r) for r in step_rows if trained[r] and counts[r] > 0]
-        groups = [[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)]
-        per = max(len(groups), 1) if rows_per_micro is None else rows_per_micro
-        micro = [groups[i : i + per] for i in range(0, len(groups), per)] or [[]]
-        steps.append([(g, [row for group in g for row in group]) for g in micro])
-    num_micro = max(len(s) for s in steps)
-    if rows_per_micro is None:
-        num_rows = bucket_count(max(len(g) for s in steps for g, _ in s), rows_multiple)
+        step_groups.append([[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)])
+    if max_rows_per_micro is None:
+        num_rows = bucket_count(max(max(len(g), 1) for g in step_groups), rows_multiple)
     else:
-        num_rows = -(-rows_per_micro // rows_multiple) * rows_multiple
+        num_rows = rows_per_micro_batch([len(g) for g in step_groups], max_rows_per_micro, row_tokens, rows_multiple)
+    steps: List[List[Tuple[List[List[int]], List[int]]]] = []  # per step, per micro-batch: (groups, sequences)
+    for groups in step_groups:
+        micro = [groups[i : i + num_rows] for i in range(0, len(groups), num_rows)] or [[]]
+        steps.append([(g, [row for group in g for row in group]) for g in micro])
+    num_micro = bucket_count(max(len(s) for s in steps))
     # Loss-side slots per micro-batch: the whole minibatch when it is one micro-batch (one shape whatever the
     # lengths: the loss-side arrays are cheap, a recompile is not), else the most any micro-batch holds.
-    slots = order.shape[1] if rows_per_micro is None else bucket_count(max(len(q) for s in steps for _, q in s))
+    slots = order.shape[1] if max_rows_per_micro is None else bucket_count(max(len(q) for s in steps for _, q in s))
     out = {
         "source": np.full((len(steps), num_micro, num_rows, row_tokens), -1, np.int32),
         "segment_ids": np.zeros((len(steps), num_micro, num_rows, row_tokens), np.int32),

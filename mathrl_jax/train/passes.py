@@ -62,20 +62,34 @@ def unpack(packed: jax.Array, packing: Dict[str, jax.Array]) -> jax.Array:
 def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
     """`fn(params, *arrays [N, ...]) -> [N, ...]` computed `chunk_rows` rows at a time (a `lax.scan` over
     `[N / chunk_rows, chunk_rows, ...]`), so the `[rows, L, V]` logits of one chunk are all that is live at
-    once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once."""
+    once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once.
+    With `live` (`[N]` bool), a chunk with no live row is not computed: its result is zeros."""
 
-    def chunked(params, *arrays):
+    def chunked(params, *arrays, live=None):
         rows = arrays[0].shape[0]
         if not chunk_rows or chunk_rows >= rows or rows % chunk_rows:
             return fn(params, *arrays)
         split = lambda x: x.reshape(rows // chunk_rows, chunk_rows, *x.shape[1:])  # noqa: E731
+        chunks = tuple(split(x) for x in arrays)
 
         # The params ride in the scan's carry rather than the closure: the model is then built from values of
         # the loop body's own trace, which NNX's lifted transforms (remat) require.
-        def body(p, xs):
+        def compute(p, xs):
             return p, fn(p, *xs)
 
-        _, out = jax.lax.scan(body, params, tuple(split(x) for x in arrays))
+        body = compute
+        if live is not None:
+            result = jax.eval_shape(fn, params, *(x[0] for x in chunks))
+
+            def nothing(p, xs):
+                return p, jnp.zeros(result.shape, result.dtype)
+
+            def body(p, live_and_xs):
+                chunk_live, xs = live_and_xs
+                return jax.lax.cond(chunk_live, compute, nothing, p, xs)
+
+            chunks = (jnp.any(split(live), axis=1), chunks)
+        _, out = jax.lax.scan(body, params, chunks)
         return out.reshape(rows, *out.shape[2:])
 
     return chunked
@@ -96,12 +110,14 @@ def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
     def fn(params, input_ids, attention_mask, packing=None):
         if packing is None:
             return _in_row_chunks(padded, chunk_rows)(params, input_ids, attention_mask)
-        # `[chunks, rows, T]` plans (`packing.plan_passes(rows_per_chunk=...)`) run a chunk of rows at a time.
+        # `[chunks, rows, T]` plans (`packing.plan_passes(max_rows_per_chunk=...)`) run a chunk of rows at a time.
         row_tokens = packing["source"].shape[-1]
         chunk = packing["source"].shape[1] if packing["source"].ndim == 3 else None
         flat = lambda x: x.reshape(-1, row_tokens)  # noqa: E731
         ids = packed_inputs(input_ids, flat(packing["source"]))
-        out = _in_row_chunks(packed, chunk)(params, ids, flat(packing["segment_ids"]), flat(packing["positions"]))
+        segment_ids = flat(packing["segment_ids"])
+        live = jnp.any(segment_ids > 0, axis=1)  # the plan's spare chunks (a bucketed count) hold no token
+        out = _in_row_chunks(packed, chunk)(params, ids, segment_ids, flat(packing["positions"]), live=live)
         return unpack(out, packing)
 
     return jax.jit(fn)

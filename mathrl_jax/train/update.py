@@ -225,16 +225,31 @@ def _combine(key: str, values: jax.Array, weights: jax.Array) -> jax.Array:
 def _accumulate(objective: Callable, params, micro_batches, denominator, units):
     """Sum over micro-batches of (loss, grads); metrics: `LOSS_SHARES` summed, `MAXIMA` maxed, the others (means
     over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries) averaged weighted by its unit
-    count, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them."""
+    count, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them.
 
-    def body(acc, xs):
-        mb, mb_units = xs
+    A micro-batch with no unit is skipped (`lax.cond`): it would add a zero loss, zero gradients and metrics of
+    weight 0 (a packing plan's spare micro-batches, `packing.plan_update`), so skipping it changes no value."""
+
+    def accumulate(acc, mb):
         (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
         acc_loss, acc_grads = acc
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), metrics
 
+    num_micro = units.shape[0]
+    if num_micro > 1:
+        first = jax.tree.map(lambda x: x[0], micro_batches)
+        metric_shapes = jax.eval_shape(lambda mb: objective(params, mb, denominator)[1], first)
+        no_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+        skip = lambda acc, mb: (acc, no_metrics)  # noqa: E731
+
+    def body(acc, xs):
+        mb, mb_units = xs
+        if num_micro == 1:
+            return accumulate(acc, mb)
+        return jax.lax.cond(jnp.any(mb_units > 0), accumulate, skip, acc, mb)
+
     # Per-micro-batch metrics leave the scan as its outputs and are combined after it, so the carry needs no
-    # metric shapes up front (an `eval_shape` of the objective: a second trace of the forward pass).
+    # metric shapes up front.
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     (loss, grads), per_micro = jax.lax.scan(body, zeros, (micro_batches, units))
     weights = jnp.sum(units.reshape(units.shape[0], -1), axis=1).astype(jnp.float32)
@@ -281,13 +296,13 @@ def with_packing(
     epochs: int,
     num_mini_batches: int,
     row_tokens: int,
-    rows_per_micro: Optional[int] = None,
+    max_rows_per_micro: Optional[int] = None,
     rows_multiple: int = 1,
 ) -> Dict[str, Any]:
     """`batch` with a packing plan (`packing.plan_update`) under `PACKED`: the update then runs each
     minibatch of `minibatch_order(rng, rows, epochs, num_mini_batches)` (`rng`: the TrainState's, the one
     the update is given; `epochs` and `num_mini_batches` its `UpdateConfig`'s) on packed micro-batches of
-    `rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch)."""
+    at most `max_rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch)."""
     host = {
         k: np.asarray(batch[k])
         for k in ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
@@ -302,7 +317,7 @@ def with_packing(
         trained,
         np.asarray(order),
         row_tokens,
-        rows_per_micro=rows_per_micro,
+        max_rows_per_micro=max_rows_per_micro,
         rows_multiple=rows_multiple,
         response_mask=host["response_mask"],
     )

@@ -139,6 +139,44 @@ def test_bucket_counts_are_few_and_waste_at_most_a_quarter():
         assert packing.bucket_count(n, 4) % 4 == 0 and packing.bucket_count(n, 4) >= n
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 24), min_size=4, max_size=24),
+    st.sampled_from([(1, 1), (2, 1), (3, 1), (4, 2)]),
+    st.integers(0, 2**16),
+)
+def test_micro_batches_never_compute_more_rows_than_filling_the_budget(lengths, budget_and_multiple, seed):
+    max_rows, multiple = budget_and_multiple
+    rows = len(lengths) - len(lengths) % 2
+    lengths = lengths[:rows]
+    attention = (np.arange(24) < np.asarray(lengths)[:, None]).astype(np.int32)
+    order = np.random.default_rng(seed).permutation(rows).reshape(2, rows // 2)
+    plan = packing.plan_update(
+        attention, np.ones(rows, bool), order, 24, max_rows_per_micro=max_rows, rows_multiple=multiple
+    )
+    steps, _, per_micro, _ = plan["segment_ids"].shape
+    assert per_micro <= max(max_rows, multiple) and per_micro % multiple == 0
+    # Each sequence exactly once, in its own step.
+    for s in range(steps):
+        assert sorted(set(plan["rows"][s].ravel().tolist()) - {rows}) == sorted(order[s].tolist())
+    # Rows computed (the update skips a micro-batch with no token) against micro-batches filled to the budget.
+    computed = per_micro * int((plan["segment_ids"] > 0).any(axis=(2, 3)).sum())
+    filled = max(max_rows, multiple)
+    needed = [len(packing.first_fit([lengths[r] for r in order[s]], 24)) for s in range(steps)]
+    assert computed <= sum(-(-n // filled) * filled for n in needed)
+    assert computed >= sum(needed)
+
+
+def test_three_long_rows_under_a_budget_of_two_run_as_three_micro_batches_of_one():
+    attention = (np.arange(600) < np.full((6, 1), 500)).astype(np.int32)
+    order = np.arange(6).reshape(2, 3)
+    plan = packing.plan_update(attention, np.ones(6, bool), order, 600, max_rows_per_micro=2)
+    assert plan["segment_ids"].shape[1:3] == (3, 1)  # 3 rows computed per step, not 2 micro-batches of 2
+    # Short rows: a micro-batch's fixed cost outweighs one spare row, so the budget is filled.
+    plan = packing.plan_update(attention[:, :24] * 0 + 1, np.ones(6, bool), order, 40, max_rows_per_micro=2)
+    assert plan["segment_ids"].shape[1:3] == (2, 2)
+
+
 def test_the_passes_plan_holds_each_token_once_at_its_padded_position():
     attention, _ = ragged_layout(1)
     ids = np.arange(N * L, dtype=np.int32).reshape(N, L) + 1  # every token its own id
@@ -178,9 +216,9 @@ def test_packing_refuses_rows_it_cannot_score_the_same():
 def test_packed_log_probs_and_values_equal_the_padded_ones(chunk_rows):
     batch = make_batch(4)
     attention = np.asarray(batch["attention_mask"])
-    plan = {k: jnp.asarray(v) for k, v in packing.plan_passes(attention, 24, rows_per_chunk=chunk_rows).items()}
+    plan = {k: jnp.asarray(v) for k, v in packing.plan_passes(attention, 24, max_rows_per_chunk=chunk_rows).items()}
     if chunk_rows:
-        assert plan["source"].shape[1] == chunk_rows
+        assert plan["source"].shape[1] <= chunk_rows
     mask = batch["attention_mask"] * jnp.roll(batch["attention_mask"], 1, axis=1)  # tokens with one before them
     graphdef, params = split("policy")
     logprobs = compute_logprobs_fn(graphdef, temperature=0.7, chunk_rows=chunk_rows)
@@ -206,7 +244,7 @@ def test_a_packed_update_equals_the_padded_update(mode):
         entropy_coef=0.01,
     )
     # Token-budget micro-batches of one packed row each (the one-micro-batch plan: the next tests).
-    assert_same_update(run(cfg, batch, True), run(cfg, batch, True, packed=dict(row_tokens=24, rows_per_micro=1)))
+    assert_same_update(run(cfg, batch, True), run(cfg, batch, True, packed=dict(row_tokens=24, max_rows_per_micro=1)))
 
 
 @pytest.mark.parametrize(
@@ -224,7 +262,27 @@ def test_a_packed_update_equals_the_padded_update_for_each_policy_loss(settings)
     batch = make_batch(6, critic=True, actions=True)
     cfg = UpdateConfig(num_mini_batches=3, entropy_coef=0.01, **settings)
     padded = run(cfg, batch, critic=True)
-    assert_same_update(padded, run(cfg, batch, critic=True, packed=dict(row_tokens=32, rows_per_micro=1)))
+    assert_same_update(padded, run(cfg, batch, critic=True, packed=dict(row_tokens=32, max_rows_per_micro=1)))
+
+
+def test_spare_micro_batches_and_chunks_are_skipped_without_changing_a_value():
+    batch = make_batch(8)
+    graphdef, params = split("policy")
+    state = create_train_state(params, optax.sgd(0.1), seed=3)
+    packed = dict(row_tokens=18, max_rows_per_micro=1)
+    plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=3, **packed)[PACKED]
+    empty = ~(np.asarray(plan["segment_ids"]) > 0).any(axis=(2, 3))
+    assert empty.any()  # the micro-batch count is bucketed, and some step needs fewer: spare micro-batches
+    cfg = UpdateConfig(num_mini_batches=3, loss_agg_mode="seq-mean-token-sum")
+    assert_same_update(run(cfg, batch), run(cfg, batch, packed=packed))
+    # The passes: 9 full rows, one per chunk, in a bucketed count of 10 chunks: a spare one.
+    ids, attention = batch["input_ids"][:9], jnp.ones((9, L), jnp.int32)
+    chunks = packing.plan_passes(np.asarray(attention), L, max_rows_per_chunk=1)
+    assert (chunks["segment_ids"] > 0).any(axis=(1, 2)).tolist() == [True] * 9 + [False]
+    logprobs = compute_logprobs_fn(graphdef, chunk_rows=1)
+    padded = logprobs(params, ids, attention)
+    packed = logprobs(params, ids, attention, {k: jnp.asarray(v) for k, v in chunks.items()})
+    np.testing.assert_allclose(np.asarray(packed[:, 1:]), np.asarray(padded[:, 1:]), rtol=1e-5, atol=1e-5)
 
 
 def test_rows_with_nothing_to_train_are_left_out_of_the_packed_update():
