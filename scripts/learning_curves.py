@@ -7,10 +7,12 @@ For each seed k it runs `scripts/train.py` (the offline default, or `--config`) 
 control into `<out>/control<k>`: the same command with `--config.shuffle_rewards=True` (the verifier's rewards
 shuffled within each batch), started from the seed's warm-start model, which is copied into the control's run
 directory first so that both RL phases start from the same policy. Everything after `--` goes to every
-train.py call; `--xla-flags` replaces XLA_FLAGS in their environment (e.g. `--xla_cpu_use_onednn=true`, to
-check that the result survives another matmul backend). The runs share a JAX compilation cache
-(`<out>/jax_cache`, unless JAX_COMPILATION_CACHE_DIR is set), so a control does not compile again what its
-seed run compiled. A run already finished by the same command is read, not run again (`<out>/runs.json`).
+train.py call; `--xla-flags` replaces XLA_FLAGS in their environment, e.g. XLA:CPU's Eigen matmuls instead of
+YNNPACK's, `--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_use_xnnpack=false`, to check that the result
+survives another rounding (with jaxlib 0.10, `--xla_cpu_use_onednn=true` changes no bit). The runs share a
+JAX compilation cache (`<out>/jax_cache`, unless JAX_COMPILATION_CACHE_DIR is set), so a control does not
+compile again what its seed run compiled. A run already finished by the same command is read, not run again
+(`<out>/runs.json`).
 
 Writes `<out>/curves.png` (greedy held-out accuracy against the RL iteration: a solid line per seed, a dashed
 one per control) and `<out>/curves.md` (printed too): one row per seed, then the mean and min..max of the

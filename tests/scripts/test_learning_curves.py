@@ -203,5 +203,6 @@ def test_overrides_of_the_per_run_keys_are_refused():
         module.parse_args(["--seeds", "0", "--", "--config.seed=3"])
     args, overrides = module.parse_args(["--seeds", "1", "2", "--no-control", "--", "--config.lr=1e-4"])
     assert args.seeds == [1, 2] and args.no_control and overrides == ["--config.lr=1e-4"]
-    args, overrides = module.parse_args(["--xla-flags", "--xla_cpu_use_onednn=true", "--out", "x"])
-    assert args.xla_flags == "--xla_cpu_use_onednn=true" and args.out == "x" and overrides == []
+    eigen = "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_use_xnnpack=false"
+    args, overrides = module.parse_args(["--xla-flags", eigen, "--out", "x"])
+    assert args.xla_flags == eigen and args.out == "x" and overrides == []
