@@ -180,8 +180,10 @@ def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
     assert update._cache_size() == 1
 
 
-def test_a_packed_update_on_a_mesh_equals_it_on_one_device():
-    """Packed micro-batches (rows a multiple of dp x fsdp) on 8 devices: the same step as one device's."""
+@pytest.mark.parametrize("minibatches, max_rows", [(2, None), (1, 4)], ids=["one-micro-batch", "token-budget"])
+def test_a_packed_update_on_a_mesh_equals_it_on_one_device(minibatches, max_rows):
+    """Packed micro-batches (rows a multiple of dp x fsdp) on 8 devices: the same step as one device's, with one
+    micro-batch per minibatch and with token-budget micro-batches (skipped when empty, under `lax.cond`)."""
     from mathrl_jax.train.build import place_state
     from mathrl_jax.train.passes import compute_logprobs_fn
     from mathrl_jax.train.state import create_train_state
@@ -201,7 +203,7 @@ def test_a_packed_update_on_a_mesh_equals_it_on_one_device():
         "old_logprobs": compute_logprobs_fn(graphdef)(params, ids, jnp.asarray(attention)) * response,
         "advantages": jnp.asarray(rng.normal(size=(8, 1)) * response, jnp.float32),
     }
-    cfg = UpdateConfig(num_mini_batches=2, kl_coef=0.0)
+    cfg = UpdateConfig(num_mini_batches=minibatches, kl_coef=0.0)
     results = []
     for shape in [None, (2, 2, 2)]:
         state = create_train_state(params, OPTIMIZER, seed=0)
@@ -209,8 +211,17 @@ def test_a_packed_update_on_a_mesh_equals_it_on_one_device():
         if shape is not None:
             mesh = S.make_mesh(dict(zip(("dp", "fsdp", "tp"), shape)), num_attention_heads=CONFIG.num_attention_heads)
             state = place_state(state, mesh, S.qwen_rules(CONFIG.num_key_value_heads, tp=shape[2]))
-        packed = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=16, rows_multiple=4)
+        packed = with_packing(
+            batch,
+            state.rng,
+            epochs=1,
+            num_mini_batches=minibatches,
+            row_tokens=16,
+            max_rows_per_micro=max_rows,
+            rows_multiple=4,
+        )
         assert packed["packed"]["source"].shape[2] % 4 == 0
+        assert packed["packed"]["source"].shape[1] > 1 or max_rows is None  # several micro-batches
         update = make_update_fn(graphdef, OPTIMIZER, cfg, donate=False)
         if mesh is None:
             results.append(jax.device_get(update(state, packed)))
