@@ -183,9 +183,12 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
     return jax.lax.while_loop(cond, body, carry)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _row_keys(seed: jax.Array, num_rows: int) -> jax.Array:
+def row_keys(seed, num_rows: int) -> jax.Array:
+    """One key per row from (seed, row index): a row's draws do not depend on the batch around it."""
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
+
+
+_row_keys = jax.jit(row_keys, static_argnums=1)
 
 
 class JaxSampler:
@@ -281,10 +284,10 @@ class JaxSampler:
             return self.tokenizer.decode(list(ids))
 
     def _row_keys(self, seed: int, num_rows: int) -> jax.Array:
-        """One key per row from (seed, row index): a row's draws do not depend on the batch around it."""
-        if 0 <= seed < 2**31:  # one compiled program (an int32 seed keys exactly as the Python int does)
+        """`row_keys`, as one compiled program for the seeds an int32 holds (it keys exactly as the Python int)."""
+        if 0 <= seed < 2**31:
             return _row_keys(jax.device_put(np.int32(seed)), num_rows)
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
+        return row_keys(seed, num_rows)
 
     def generate(self, prompts: Sequence[Union[str, Sequence[int]]], params: SamplingParams) -> Rollouts:
         """Samples `params.n` completions per prompt (token ids, or strings with a tokenizer)."""

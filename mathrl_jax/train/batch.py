@@ -78,7 +78,7 @@ def prepare_batch(
             max_rows_per_chunk=shape["max_rows_per_micro"],
             rows_multiple=shape["rows_multiple"],
         )
-        plan = {k: jnp.asarray(v) for k, v in plan.items()}
+        plan = jax.device_put(plan)
     inputs = (batch["input_ids"], batch["attention_mask"], plan)
     with mesh_context(run):
         if from_sampler:
