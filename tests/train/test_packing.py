@@ -275,14 +275,20 @@ def test_spare_micro_batches_and_chunks_are_skipped_without_changing_a_value():
     assert empty.any()  # the micro-batch count is bucketed, and some step needs fewer: spare micro-batches
     cfg = UpdateConfig(num_mini_batches=3, loss_agg_mode="seq-mean-token-sum")
     assert_same_update(run(cfg, batch), run(cfg, batch, packed=packed))
+    # Skipped, not computed on zeros: the micro-batch's model pass sits in a `cond` branch.
+    update = make_update_fn(graphdef, optax.sgd(0.1), cfg, donate=False)
+    with_plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=3, **packed)
+    assert "cond[" in str(jax.make_jaxpr(update)(state, with_plan))
     # The passes: 9 full rows, one per chunk, in a bucketed count of 10 chunks: a spare one.
     ids, attention = batch["input_ids"][:9], jnp.ones((9, L), jnp.int32)
     chunks = packing.plan_passes(np.asarray(attention), L, max_rows_per_chunk=1)
     assert (chunks["segment_ids"] > 0).any(axis=(1, 2)).tolist() == [True] * 9 + [False]
     logprobs = compute_logprobs_fn(graphdef, chunk_rows=1)
     padded = logprobs(params, ids, attention)
-    packed = logprobs(params, ids, attention, {k: jnp.asarray(v) for k, v in chunks.items()})
+    chunks = {k: jnp.asarray(v) for k, v in chunks.items()}
+    packed = logprobs(params, ids, attention, chunks)
     np.testing.assert_allclose(np.asarray(packed[:, 1:]), np.asarray(padded[:, 1:]), rtol=1e-5, atol=1e-5)
+    assert "cond[" in str(jax.make_jaxpr(logprobs)(params, ids, attention, chunks))
 
 
 def test_rows_with_nothing_to_train_are_left_out_of_the_packed_update():
