@@ -11,6 +11,11 @@ token-mean loss, clip 0.2, float32, the math verifier's reward. TRL's mapping: `
 
 Printed: each system's first iteration (compiling, for mathrl_jax) and steady iteration (median and range
 after `--warmup`), the ratio, and mathrl_jax's split of an iteration (`perf/*` metrics of the loop).
+mathrl_jax runs twice: as configured by default, where the update leaves out the rows whose every advantage is
+0 (`skip_zero_advantage`: a group whose 8 samples earned one reward trains nothing, and the parameters after
+the update are those of training every row), and with `skip_zero_advantage=False`, every row trained as TRL
+does (`--default-only` skips that run). The fraction of response tokens the update trained on is printed
+beside them: the first speed-up depends on it.
 
     pip install -e '.[bench]'            # trl; never needed by the tests
     python scripts/bench_grpo.py         # both systems, ~5 minutes on a 2-core CPU
@@ -67,15 +72,16 @@ def warm_started_model(directory: str, args) -> str:
     return os.path.join(c.run_dir, "warmstart_model")
 
 
-def bench_mathrl(model_dir: str, directory: str, args):
-    """Per-iteration `perf/*` metrics of `iterations + warmup` GRPO iterations of the training loop."""
+def bench_mathrl(model_dir: str, directory: str, args, settings=()):
+    """Per-iteration metrics of `iterations + warmup` GRPO iterations of the training loop, with the config
+    `settings` (KEY=VALUE) after `--set`'s."""
     from mathrl_jax.train.loop import train
 
-    c = base_config(os.path.join(directory, "mathrl"), args)
+    c = base_config(os.path.join(directory, "mathrl_" + "_".join(settings)), args)
     c.model_name_or_path = model_dir
     c.warmstart.steps = 0
     c.num_iterations = args.warmup + args.iterations
-    for setting in args.set:  # e.g. packing=False
+    for setting in list(args.set) + list(settings):  # e.g. packing=False
         key, value = setting.split("=", 1)
         c[key] = type(c[key])(value) if not isinstance(c[key], bool) else value.lower() in ("1", "true")
     records = []
@@ -158,6 +164,20 @@ def summary(times):
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
+def mathrl_result(records, args):
+    steady = records[args.warmup :]
+    return {
+        "first_iteration": records[0]["perf/step_time"],
+        "steady": summary([r["perf/step_time"] for r in steady]),
+        "split": {k: statistics.median(r[f"perf/{k}"] for r in steady) for k in SPLIT},
+        "trained_token_fraction": statistics.mean(r["train/trained_token_fraction"] for r in steady),
+        "tokens_per_second": statistics.median(r["perf/tokens_per_second"] for r in steady),
+        "response_length": statistics.mean(r["rollout/response_length"] for r in records),
+        "accuracy": statistics.mean(r["rollout/accuracy"] for r in records),
+        "iterations": [{k: r[f"perf/{k}"] for k in ("step_time",) + SPLIT} for r in records],
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=10, help="steady iterations measured")
@@ -170,6 +190,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmstart-steps", type=int, default=300)
     parser.add_argument("--skip-trl", action="store_true", help="mathrl_jax alone (no trl needed)")
     parser.add_argument("--set", action="append", default=[], help="a mathrl_jax config override, KEY=VALUE")
+    parser.add_argument(
+        "--default-only", action="store_true", help="no second mathrl_jax run with skip_zero_advantage=False"
+    )
     parser.add_argument("--json", default="", help="write the numbers here")
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 1:
@@ -178,53 +201,55 @@ def main(argv=None) -> int:
     from mathrl_jax import compile_cache
 
     compile_cache.enable(os.environ.get("MATHRL_BENCH_CACHE", ""))  # off by default: the first iteration compiles
+    variants = {"mathrl_jax": ()}
+    if not args.default_only:
+        variants["mathrl_jax, every row trained"] = ("skip_zero_advantage=False",)
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as directory:
         model_dir = warm_started_model(directory, args)
-        records = bench_mathrl(model_dir, directory, args)
+        records = {name: bench_mathrl(model_dir, directory, args, settings) for name, settings in variants.items()}
         trl_times = None if args.skip_trl else bench_trl(model_dir, directory, args)
 
-    steady = [r["perf/step_time"] for r in records[args.warmup :]]
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "setting": {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "minibatches", "lr")},
-        "mathrl_jax": {
-            "first_iteration": records[0]["perf/step_time"],
-            "steady": summary(steady),
-            "split": {k: statistics.median(r[f"perf/{k}"] for r in records[args.warmup :]) for k in SPLIT},
-            "tokens_per_second": statistics.median(r["perf/tokens_per_second"] for r in records[args.warmup :]),
-            "response_length": statistics.mean(r["rollout/response_length"] for r in records),
-            "accuracy": statistics.mean(r["rollout/accuracy"] for r in records),
-            "iterations": [{k: r[f"perf/{k}"] for k in ("step_time",) + SPLIT} for r in records],
-        },
     }
+    names = {"mathrl_jax": "mathrl_jax", "mathrl_jax, every row trained": "mathrl_jax_every_row"}
+    for name in variants:
+        result[names[name]] = mathrl_result(records[name], args)
     if trl_times is not None:
         result["trl"] = {"first_iteration": trl_times[0], "steady": summary(trl_times[args.warmup :])}
-        result["speedup"] = result["trl"]["steady"]["median"] / result["mathrl_jax"]["steady"]["median"]
+        for name in variants:
+            ratio = result["trl"]["steady"]["median"] / result[names[name]]["steady"]["median"]
+            result[names[name]]["speedup_over_trl"] = ratio
+        result["speedup"] = result["mathrl_jax"]["speedup_over_trl"]
 
-    m = result["mathrl_jax"]
     print(
         f"GRPO iteration, {args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, "
         f"{args.minibatches} minibatches; {result['date']}, {result['machine']}"
     )
-    print("| system | first iteration (s) | steady iteration (s), median (min-max) |")
-    print("|---|---|---|")
-    print(
-        f"| mathrl_jax | {m['first_iteration']:.2f} | {m['steady']['median']:.3f} "
-        f"({m['steady']['min']:.3f}-{m['steady']['max']:.3f}) |"
-    )
+    print("| system | first iteration (s) | steady iteration (s), median (min-max) | tokens trained | speed-up |")
+    print("|---|---|---|---|---|")
+    for name in variants:
+        m = result[names[name]]
+        speedup = f"{m['speedup_over_trl']:.2f}x" if trl_times is not None else ""
+        print(
+            f"| {name} | {m['first_iteration']:.2f} | {m['steady']['median']:.3f} "
+            f"({m['steady']['min']:.3f}-{m['steady']['max']:.3f}) | {m['trained_token_fraction']:.2f} | {speedup} |"
+        )
     if trl_times is not None:
         t = result["trl"]
         print(
             f"| TRL GRPOTrainer | {t['first_iteration']:.2f} | {t['steady']['median']:.3f} "
-            f"({t['steady']['min']:.3f}-{t['steady']['max']:.3f}) |"
+            f"({t['steady']['min']:.3f}-{t['steady']['max']:.3f}) | 1.00 | 1.00x |"
         )
-        print(f"steady speed-up of mathrl_jax over TRL: {result['speedup']:.2f}x")
-    print(
-        "mathrl_jax split (median s): "
-        + ", ".join(f"{k[:-5]} {v:.3f}" for k, v in m["split"].items())
-        + f"; accuracy {m['accuracy']:.2f}, mean response {m['response_length']:.1f} tokens"
-    )
+    for name in variants:
+        m = result[names[name]]
+        print(
+            f"{name} split (median s): "
+            + ", ".join(f"{k[:-5]} {v:.3f}" for k, v in m["split"].items())
+            + f"; accuracy {m['accuracy']:.2f}, mean response {m['response_length']:.1f} tokens"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -87,6 +87,12 @@ def get_config() -> ml_collections.ConfigDict:
     # instead of one padded row per sequence; a micro-batch is then micro_batch_size x the batch width in tokens.
     config.packing = True
     config.pack_length = 128  # tokens per packed row; at least the batch width (the longest prompt + completion)
+    # With packing, rows whose every advantage is 0 (a GRPO group whose samples all earned the same reward) are
+    # left out of the update's forward and backward passes where that changes no gradient: a policy loss that is
+    # 0 at zero advantage, no KL or entropy term, no critic, no per-minibatch whitening, no target_kl. They still
+    # count in the loss's denominator; the update's per-token metrics (entropy, ratios, clip fractions) are then
+    # over the rows that train.
+    config.skip_zero_advantage = True
     # Small: RL starts a fresh Adam on a warm-started policy, and Adam's first steps move every weight by ~lr
     # (1e-4 already makes the offline default's held-out accuracy swing by 10 points between evaluations).
     config.lr = 3e-5

@@ -183,7 +183,14 @@ def with_update_plan(run: Run, batch: Dict[str, Any], shape: Optional[Dict[str, 
     if shape is None:
         return batch
     c = run.config
-    return update_lib.with_packing(batch, run.state.rng, epochs=c.ppo_epoch, num_mini_batches=c.num_mini_batch, **shape)
+    return update_lib.with_packing(
+        batch,
+        run.state.rng,
+        epochs=c.ppo_epoch,
+        num_mini_batches=c.num_mini_batch,
+        skip_zero_advantage=run.skip_zero_advantage,
+        **shape,
+    )
 
 
 @contextlib.contextmanager

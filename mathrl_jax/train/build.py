@@ -3,6 +3,7 @@ models, sampler, data, optimizers, and the state restored from the latest checkp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -92,7 +93,7 @@ def update_config(config) -> update_lib.UpdateConfig:
     whitening = None
     if config.advantage_whitening == "openr" and alg in ("appo", "tppo"):
         whitening = "actions" if alg == "appo" else "nonzero"
-    return update_lib.UpdateConfig(
+    settings = dict(
         ppo_epochs=config.ppo_epoch,
         num_mini_batches=config.num_mini_batch,
         micro_batch_size=config.micro_batch_size or None,
@@ -113,6 +114,12 @@ def update_config(config) -> update_lib.UpdateConfig:
         huber_delta=config.huber_delta,
         minibatch_whitening=whitening,
     )
+    cfg = update_lib.UpdateConfig(**settings)
+    # `skip_zero_advantage` where it changes no gradient (the config's comment).
+    skip = config.skip_zero_advantage and update_lib.zero_advantage_rows_are_inert(
+        cfg, has_critic=algorithms.ALGORITHMS[alg].critic
+    )
+    return dataclasses.replace(cfg, skip_zero_advantage=bool(skip))
 
 
 def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
@@ -251,6 +258,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         eval_prompts=eval_prompts,
         eval_golds=eval_golds,
         update=update,
+        skip_zero_advantage=update_cfg.skip_zero_advantage,
         logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
         values=passes.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
         checkpointer=checkpointer,

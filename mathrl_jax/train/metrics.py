@@ -68,7 +68,8 @@ METRIC_NAMES: dict[str, str] = {
     # async: how far the rollouts are behind the learner (every loop; 0 in the synchronous one)
     "async/staleness": "policy versions between the policy that sampled the batch and the one it updates (AReaL)",
     "async/policy_version": "version of the policy that sampled the batch (the oldest turn's, multi-turn)",
-    # train: the update, averaged over the ppo_epoch x num_mini_batch minibatches (weighted by their tokens)
+    # train: the update, averaged over the ppo_epoch x num_mini_batch minibatches (weighted by their tokens). The
+    # per-token means are over the rows that train: with skip_zero_advantage, those with a non-zero advantage.
     "train/loss": "the policy objective differentiated: policy loss - entropy_coef x entropy + kl_coef x kl",
     "train/policy_loss": "policy-gradient loss (verl `actor/pg_loss`)",
     "train/entropy_loss": (
@@ -90,6 +91,10 @@ METRIC_NAMES: dict[str, str] = {
     "train/dual_clip_fraction": "fraction of tokens bounded by the dual clip (clip_c; 0 without it)",
     "train/importance_weight": "mean ratio pi / pi_old over response tokens",
     "train/importance_weight_max": "largest ratio pi / pi_old of a response token",
+    "train/trained_token_fraction": (
+        "fraction of the response tokens in rows the update trained on (below 1 with skip_zero_advantage: rows "
+        "whose every advantage is 0 are left out of its passes)"
+    ),
     "train/grad_norm": "global L2 norm of the policy gradient before clipping",
     "train/applied_fraction": "fraction of minibatches whose policy step was taken (finite, approx-KL <= target_kl)",
     "train/kl_skipped_fraction": "fraction of minibatches whose approx-KL exceeded target_kl: no policy step (OpenR)",

@@ -59,6 +59,10 @@ def first_fit(lengths: Sequence[int], capacity: int) -> List[List[int]]:
     return bins
 
 
+# With `plan_update(shape_rows=...)` and no token budget: the micro-batches a full minibatch is cut into, so that a
+# step with a quarter of its rows to train computes a quarter of them.
+SHAPED_MICRO_BATCHES = 4
+
 # A micro-batch's fixed cost in tokens' worth of work (the scan step, the gradient sum, smaller matmuls): what
 # makes `rows_per_micro_batch` prefer fewer, larger micro-batches when they compute about as many rows.
 MICRO_BATCH_OVERHEAD_TOKENS = 256
@@ -163,6 +167,7 @@ def plan_update(
     max_rows_per_micro: Optional[int] = None,
     rows_multiple: int = 1,
     response_mask: Optional[np.ndarray] = None,
+    shape_rows: Optional[np.ndarray] = None,
 ) -> Dict[str, np.ndarray]:
     """The update's packed micro-batches.
 
@@ -176,6 +181,12 @@ def plan_update(
         per micro-batch are `rows_per_micro_batch`'s. None: one micro-batch per minibatch.
       rows_multiple: packed rows per micro-batch are a multiple of it (data-parallel shards).
       response_mask: checked as `token_extents` says.
+      shape_rows: `[N]` bool, a superset of `trained` (e.g. every row with a response when `trained` leaves out
+        those with no non-zero advantage): the plan then has the shape packing `shape_rows` would have, whatever
+        `trained` holds, so a run whose trained rows vary from batch to batch compiles as few update programs as
+        one that trains them all; every micro-batch has the whole minibatch's `K` loss-side slots. Without a
+        token budget, a full step's rows are cut into `SHAPED_MICRO_BATCHES` micro-batches: a step with fewer
+        rows to train computes fewer of them (the others are empty, and skipped).
 
     Returns:
       `source`, `segment_ids`, `positions` `[S, A, R, T]`; `rows` `[S, A, K]` (padded row of each loss-side
@@ -190,18 +201,36 @@ def plan_update(
     for step_rows in order:
         rows = [int(r) for r in step_rows if trained[r] and counts[r] > 0]
         step_groups.append([[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)])
-    if max_rows_per_micro is None:
-        num_rows = bucket_count(max(max(len(g), 1) for g in step_groups), rows_multiple)
+    # Packed rows per step of the rows that decide the shape (`full`), and of those that train.
+    needed = [len(g) for g in step_groups]
+    full = needed
+    if shape_rows is not None:
+        full = []
+        for step_rows in order:
+            rows = [int(r) for r in step_rows if shape_rows[r] and counts[r] > 0]
+            full.append(len(first_fit(counts[rows], row_tokens)))
+    if shape_rows is not None and max_rows_per_micro is None:
+        # A full step's rows, as the plan of every row would have them, cut into `SHAPED_MICRO_BATCHES`.
+        whole = bucket_count(max(max(full), 1), rows_multiple)
+        num_rows = -(-whole // (SHAPED_MICRO_BATCHES * rows_multiple)) * rows_multiple
+        full = [whole] * len(full)
+    elif max_rows_per_micro is None:
+        num_rows = bucket_count(max(max(n, 1) for n in full), rows_multiple)
     else:
-        num_rows = rows_per_micro_batch([len(g) for g in step_groups], max_rows_per_micro, row_tokens, rows_multiple)
+        num_rows = rows_per_micro_batch(full, max_rows_per_micro, row_tokens, rows_multiple)
     steps: List[List[Tuple[List[List[int]], List[int]]]] = []  # per step, per micro-batch: (groups, sequences)
     for groups in step_groups:
         micro = [groups[i : i + num_rows] for i in range(0, len(groups), num_rows)] or [[]]
         steps.append([(g, [row for group in g for row in group]) for g in micro])
-    num_micro = bucket_count(max(len(s) for s in steps))
-    # Loss-side slots per micro-batch: the whole minibatch when it is one micro-batch (one shape whatever the
-    # lengths: the loss-side arrays are cheap, a recompile is not), else the most any micro-batch holds.
-    slots = order.shape[1] if max_rows_per_micro is None else bucket_count(max(len(q) for s in steps for _, q in s))
+    # (First-fit of a subset can, rarely, take one row more than of the whole: hence the max with `needed`.)
+    num_micro = bucket_count(max(-(-max(n, m, 1) // num_rows) for n, m in zip(full, needed)))
+    # Loss-side slots per micro-batch: the whole minibatch when it is one micro-batch or the shape is `shape_rows`'
+    # (one shape whatever the lengths: the loss-side arrays are cheap, a recompile is not), else the most any
+    # micro-batch holds.
+    if max_rows_per_micro is None or shape_rows is not None:
+        slots = order.shape[1]
+    else:
+        slots = bucket_count(max(len(q) for s in steps for _, q in s))
     out = {
         "source": np.full((len(steps), num_micro, num_rows, row_tokens), -1, np.int32),
         "segment_ids": np.zeros((len(steps), num_micro, num_rows, row_tokens), np.int32),

@@ -33,6 +33,7 @@ class Run:
     eval_prompts: List[List[int]]
     eval_golds: List[str]
     update: Callable
+    skip_zero_advantage: bool  # the update's: its packing plans leave out the rows with no non-zero advantage
     logprobs: Callable
     values: Optional[Callable]
     checkpointer: Checkpointer

@@ -21,6 +21,13 @@ loss) exceeds it does not step the policy; the critic steps regardless, and
 later minibatches are unaffected (OpenR `ppo_update`: `if total_approx_kl >
 0.02: zero_grad; return`, after the critic's step). With `minibatch_whitening`,
 advantages are standardised within each minibatch as OpenR does.
+
+With `skip_zero_advantage` (where `zero_advantage_rows_are_inert`), a row whose every advantage is 0 is no
+term of the loss: its PPO / REINFORCE terms are 0 with zero gradient, so the loss, the gradient and the step
+are those of the whole minibatch, whose denominator still counts the row's tokens (or its sequence). A packing
+plan made `with_packing(..., skip_zero_advantage=True)` leaves such rows out of the forward and backward passes
+(a GRPO group whose samples all earned the same reward trains nothing); the per-token metrics (entropy, ratios,
+clip fractions, approx-KL) are then over the rows that train, in the padded layout too.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class UpdateConfig:
     # token advantages (TPPO, biased std); None leaves them as given.
     minibatch_whitening: Optional[str] = None
     temperature: float = 1.0  # log-probs at the sampler's temperature
+    # Rows whose every advantage is 0 are no term of the loss and no metric's (the denominator still counts them);
+    # only where that changes no gradient (`zero_advantage_rows_are_inert`).
+    skip_zero_advantage: bool = False
 
     def __post_init__(self):
         if self.policy_loss not in losses.POLICY_LOSSES:
@@ -83,6 +93,31 @@ class UpdateConfig:
             raise ValueError(
                 f"value_loss_type={self.value_loss_type!r}: expected one of {losses.value.VALUE_LOSS_TYPES}"
             )
+        if self.skip_zero_advantage and not zero_advantage_rows_are_inert(self):
+            raise ValueError(
+                f"skip_zero_advantage=True needs a loss that a zero-advantage row adds nothing to: policy_loss in "
+                f"{INERT_AT_ZERO_ADVANTAGE} (got {self.policy_loss!r}), kl_coef=0 (got {self.kl_coef}), "
+                f"entropy_coef=0 (got {self.entropy_coef}), minibatch_whitening=None (got "
+                f"{self.minibatch_whitening!r}), target_kl=None (got {self.target_kl})"
+            )
+
+
+# The library's policy losses that are 0, with zero gradient, on a token whose advantage is 0.
+INERT_AT_ZERO_ADVANTAGE = ("ppo", "action_ppo", "decoupled_ppo", "gspo", "reinforce")
+
+
+def zero_advantage_rows_are_inert(cfg: UpdateConfig, has_critic: bool = False) -> bool:
+    """Whether a row whose every advantage is 0 adds nothing to the update's gradient: the policy loss is one of
+    `INERT_AT_ZERO_ADVANTAGE`, and no other term reads the row (a KL or entropy term in the loss, a critic,
+    per-minibatch whitening, which moves its zeros, or `target_kl`, whose approx-KL averages its ratios)."""
+    return (
+        cfg.policy_loss in INERT_AT_ZERO_ADVANTAGE
+        and not cfg.kl_coef
+        and not cfg.entropy_coef
+        and cfg.minibatch_whitening is None
+        and cfg.target_kl is None
+        and not has_critic
+    )
 
 
 def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) -> Dict[str, Any]:
@@ -158,6 +193,13 @@ def _whiten_minibatch(cfg: UpdateConfig, mb) -> jax.Array:
     else:  # TPPO: the non-zero entries, np.nanstd (biased)
         whitened = losses.masked_standardize(advantages, mask * (advantages != 0), unbiased=False)
     return jnp.where(mask > 0, whitened, 0.0)
+
+
+def _rows_with_advantage(mb) -> jax.Array:
+    """The response mask of the rows that hold a non-zero advantage on a response token (the others: 0)."""
+    mask = mb["response_mask"]
+    has_advantage = jnp.any((mb["advantages"] != 0) & (mask > 0), axis=-1, keepdims=True)
+    return mask * has_advantage.astype(mask.dtype)
 
 
 def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
@@ -298,18 +340,24 @@ def with_packing(
     row_tokens: int,
     max_rows_per_micro: Optional[int] = None,
     rows_multiple: int = 1,
+    skip_zero_advantage: bool = False,
 ) -> Dict[str, Any]:
     """`batch` with a packing plan (`packing.plan_update`) under `PACKED`: the update then runs each
     minibatch of `minibatch_order(rng, rows, epochs, num_mini_batches)` (`rng`: the TrainState's, the one
     the update is given; `epochs` and `num_mini_batches` its `UpdateConfig`'s) on packed micro-batches of
-    at most `max_rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch)."""
-    host = {
-        k: np.asarray(batch[k])
-        for k in ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
-    }
-    trained = host["response_mask"].sum(axis=1) > 0
+    at most `max_rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch).
+
+    `skip_zero_advantage` leaves out of the plan the rows whose every advantage is 0 (pass the update's
+    `UpdateConfig.skip_zero_advantage`: an update without it would give those rows' metrics no value)."""
+    keys = ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
+    host = {k: np.asarray(batch[k]) for k in keys + (("advantages",) * skip_zero_advantage)}
+    with_response = (host["response_mask"] > 0).any(axis=1)
     if "value_mask" in host:
-        trained |= host["value_mask"].sum(axis=1) > 0
+        with_response |= host["value_mask"].sum(axis=1) > 0
+    trained, shape_rows = with_response, None
+    if skip_zero_advantage:  # the plan keeps the shape of training every row: no program per trained-row count
+        trained = with_response & ((host["response_mask"] > 0) & (host["advantages"] != 0)).any(axis=1)
+        shape_rows = with_response
     rows = host["attention_mask"].shape[0]
     _, order = _minibatch_order(rng, rows, epochs, num_mini_batches)
     plan = packing.plan_update(
@@ -320,6 +368,7 @@ def with_packing(
         max_rows_per_micro=max_rows_per_micro,
         rows_multiple=rows_multiple,
         response_mask=host["response_mask"],
+        shape_rows=shape_rows,
     )
     return {**batch, PACKED: jax.device_put(plan)}
 
@@ -342,17 +391,22 @@ def make_update_fn(
     other input shardings and compiles the whole update again.
     """
     has_critic = critic_graphdef is not None
+    if cfg.skip_zero_advantage and has_critic:
+        raise ValueError("skip_zero_advantage=True with a critic: the critic trains on every row")
     policy_objective = functools.partial(_policy_objective, cfg, graphdef)
     critic_objective = functools.partial(_critic_objective, cfg, critic_graphdef) if has_critic else None
 
     def update(state: TrainState, batch: Dict[str, jax.Array]):
         batch = dict(batch)
         plan = batch.pop(PACKED, None)
-        rows, width = batch["input_ids"].shape
+        rows = batch["input_ids"].shape[0]
         if rows % cfg.num_mini_batches:
             raise ValueError(f"batch of {rows} rows does not split into num_mini_batches={cfg.num_mini_batches}")
         mini = rows // cfg.num_mini_batches
         key, order = minibatch_order(state.rng, rows, cfg.ppo_epochs, cfg.num_mini_batches)
+        # The denominators count the whole minibatch: a packing plan may leave rows out (no token, or with
+        # `skip_zero_advantage` no non-zero advantage) that a loss's denominator counts.
+        denominator_keys = [k for k in ("response_mask", "action_index", "value_mask") if k in batch]
         if plan is None:
             micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is all of it
             if mini % micro:
@@ -364,18 +418,20 @@ def make_update_fn(
             extended = {k: jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)]) for k, x in batch.items()}
             gather = functools.partial(_packed_micro_batches, extended)
 
-        def minibatch_step(carry, step):
+        def minibatch_step(carry, xs):
             params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped = carry
+            step, minibatch_rows = xs
             micro_batches = gather(step)
+            whole = {k: batch[k][minibatch_rows] for k in denominator_keys}  # [mini, L]
             if cfg.minibatch_whitening:
                 micro_batches = dict(micro_batches, advantages=_whiten_minibatch(cfg, micro_batches))
-            units = _policy_units(cfg, micro_batches)
             if cfg.policy_loss == "action_ppo":
-                denominator = jnp.sum(units)  # the minibatch's actions
+                denominator = jnp.sum(_policy_units(cfg, whole))  # the minibatch's actions
             else:
-                denominator = losses.loss_denominator(
-                    micro_batches["response_mask"].reshape(-1, width), cfg.loss_agg_mode
-                )
+                denominator = losses.loss_denominator(whole["response_mask"], cfg.loss_agg_mode)
+            if cfg.skip_zero_advantage:
+                micro_batches = dict(micro_batches, response_mask=_rows_with_advantage(micro_batches))
+            units = _policy_units(cfg, micro_batches)
             loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -389,7 +445,7 @@ def make_update_fn(
             metrics = dict(metrics, loss=loss, grad_norm=grad_norm)
             if has_critic:
                 value_mask = micro_batches["value_mask"]
-                v_denominator = losses.loss_denominator(value_mask.reshape(-1, width), cfg.loss_agg_mode)
+                v_denominator = losses.loss_denominator(whole["value_mask"], cfg.loss_agg_mode)
                 v_loss, v_grads, v_metrics = _accumulate(
                     critic_objective, critic_params, micro_batches, v_denominator, value_mask
                 )
@@ -404,6 +460,7 @@ def make_update_fn(
             kl_skipped = kl_skipped + kl_skip.astype(jnp.int32)
             metrics["applied"] = apply.astype(jnp.float32)
             metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
+            metrics["all_tokens"] = jnp.sum(whole["response_mask"]).astype(jnp.float32)
             return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), metrics
 
         init = (
@@ -415,14 +472,19 @@ def make_update_fn(
             jnp.zeros((), jnp.int32),
         )
         (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), per_step = jax.lax.scan(
-            minibatch_step, init, steps
+            minibatch_step, init, (steps, order)
         )
-        tokens = per_step.pop("tokens")
-        token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS}
+        tokens = per_step.pop("tokens")  # [S] the response tokens each step trained on
+        all_tokens = per_step.pop("all_tokens")  # [S] its minibatch's (more with skip_zero_advantage)
+        shares = {k: v for k, v in per_step.items() if k in LOSS_SHARES}
+        token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS and k not in LOSS_SHARES}
         step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
-        metrics = _weighted_mean(token_means, tokens)  # each minibatch by its tokens
+        metrics = _weighted_mean(token_means, tokens)  # each minibatch by the tokens its means are over
+        metrics.update(_weighted_mean(shares, all_tokens))  # a loss is over its whole minibatch
         metrics.update({k: jnp.max(v) for k, v in per_step.items() if k in MAXIMA})
-        metrics.update(_weighted_mean(step_values, (tokens > 0).astype(jnp.float32)))
+        metrics.update(_weighted_mean(step_values, (all_tokens > 0).astype(jnp.float32)))
+        total = jnp.sum(all_tokens)
+        metrics["trained_token_fraction"] = jnp.where(total > 0, jnp.sum(tokens) / jnp.maximum(total, 1.0), 0.0)
         metrics["kl_skipped"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # fraction of policy steps
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
         new_state = state.replace(

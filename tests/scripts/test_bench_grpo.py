@@ -1,5 +1,6 @@
-"""scripts/bench_grpo.py's mathrl_jax half (`--skip-trl`: the tests never need trl) on a tiny batch: it runs, and
-each iteration's split (generate incl. grading, log-probs, update, weight sync) fits in the iteration's time."""
+"""scripts/bench_grpo.py's mathrl_jax half (`--skip-trl`: the tests never need trl) on a tiny batch: it runs both
+variants (rows with no non-zero advantage left out, and every row trained), and each iteration's split (generate
+incl. grading, log-probs, update, weight sync) fits in the iteration's time."""
 
 import json
 import os
@@ -30,4 +31,8 @@ def test_bench_grpo_skip_trl_reports_a_split_that_fits_each_iteration(tmp_path):
         assert all(t > 0 for t in parts) and 0 < it["grade_time"] <= it["generate_time"]
         assert sum(parts) <= it["step_time"] * 1.001
     assert mathrl["first_iteration"] == mathrl["iterations"][0]["step_time"]
+    # The second run trains every row; the default leaves out the rows with no non-zero advantage.
+    assert result["mathrl_jax_every_row"]["trained_token_fraction"] == 1.0
+    assert 0.0 <= mathrl["trained_token_fraction"] <= 1.0
+    assert "| mathrl_jax, every row trained |" in done.stdout
     assert "| mathrl_jax |" in done.stdout and "TRL" not in done.stdout.split("\n", 2)[2]

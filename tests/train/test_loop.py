@@ -413,3 +413,39 @@ def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, t
     for key in recomputed:
         if key not in ("old_logprobs", batch.update_lib.PACKED):
             np.testing.assert_allclose(np.asarray(reported[key]), np.asarray(recomputed[key]), atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({}, True),
+        ({"algorithm_name": "async_ppo"}, True),
+        ({"algorithm_name": "reinforce_rebn"}, True),
+        ({"skip_zero_advantage": False}, False),
+        ({"kl_coef": 0.01}, False),
+        ({"entropy_coef": 0.01}, False),
+        ({"algorithm_name": "ppo"}, False),  # the critic trains on every row
+        ({"algorithm_name": "tppo", "advantage_whitening": "openr"}, False),
+    ],
+)
+def test_zero_advantage_rows_are_left_out_only_where_they_train_nothing(overrides, expected, model_dir, tmp_path):
+    assert build.update_config(small_config(model_dir, tmp_path / "run", **overrides)).skip_zero_advantage is expected
+
+
+def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(model_dir, tmp_path):
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1)
+    run = build.build_run(config)
+    try:
+        rollouts, _, scores, _ = collect.collect(run, 1)
+        scores = np.where(rollouts.prompt_indices % 2 == 0, 1.0, scores).astype(np.float32)  # even groups all right
+        scores[rollouts.prompt_indices == 1] = [1.0, 0.0, 0.0, 0.0]  # one group that learns
+        prepared, _ = batch.prepare_batch(run, rollouts, scores)
+    finally:
+        run.grader.close()
+        run.checkpointer.close()
+        run.logger.close()
+    trained = set(np.asarray(prepared[batch.update_lib.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
+    advantages = np.asarray(prepared["advantages"])
+    assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
+    assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())
+    assert not trained & set(np.flatnonzero(rollouts.prompt_indices % 2 == 0).tolist())

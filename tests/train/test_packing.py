@@ -303,3 +303,100 @@ def test_rows_with_nothing_to_train_are_left_out_of_the_packed_update():
     assert kept == set(np.flatnonzero(np.asarray(batch["response_mask"]).sum(axis=1) > 0).tolist())
     assert not kept & set(np.flatnonzero(np.asarray(dropped)).tolist())
     assert_same_update(run(cfg, batch), run(cfg, batch, packed=dict(row_tokens=24)))
+
+
+# --- rows with no non-zero advantage --------------------------------------------------------------------------
+
+
+def zero_advantage_batch(seed, every=3):
+    """`make_batch` with every `every`-th row's advantages all 0 (a GRPO group whose samples earned one reward)."""
+    batch = make_batch(seed)
+    inert = jnp.asarray(np.arange(N) % every == every - 1)
+    batch["advantages"] = jnp.where(inert[:, None], 0.0, batch["advantages"])
+    return batch, set(np.flatnonzero(np.asarray(inert)).tolist())
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(loss_agg_mode="token-mean"),  # a denominator of tokens
+        dict(loss_agg_mode="seq-mean-token-mean"),  # of sequences
+        dict(policy_loss="gspo"),  # a ratio per sequence
+        dict(every=1),  # every minibatch inert: no row computed, the steps as over every row
+        pytest.param(dict(loss_agg_mode="seq-mean-token-sum"), marks=pytest.mark.slow),
+        pytest.param(dict(loss_agg_mode="seq-mean-token-sum-norm"), marks=pytest.mark.slow),
+        pytest.param(dict(policy_loss="decoupled_ppo", behaviour_weight_cap=2.0), marks=pytest.mark.slow),
+        pytest.param(dict(clip_c=3.0), marks=pytest.mark.slow),
+    ],
+    ids=["token-mean", "seq-mean-token-mean", "gspo", "every_row_inert", "seq-mean-token-sum", "norm", "decoupled"]
+    + ["dual_clip"],
+)
+def test_leaving_out_zero_advantage_rows_changes_no_gradient(settings):
+    settings = dict(settings)
+    batch, inert = zero_advantage_batch(9, settings.pop("every", 3))
+    if settings.get("loss_agg_mode", "").endswith("norm"):
+        settings = dict(settings, norm_constant=12.0)
+    every_row = UpdateConfig(num_mini_batches=2, ppo_epochs=2, **settings)
+    skipping = UpdateConfig(num_mini_batches=2, ppo_epochs=2, skip_zero_advantage=True, **settings)
+    packed = dict(row_tokens=24, skip_zero_advantage=True)
+    graphdef, params = split("policy")
+    state = create_train_state(params, optax.sgd(0.1), seed=3)
+    plan = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, **packed)[PACKED]
+    assert not set(np.asarray(plan["rows"]).ravel().tolist()) & inert  # the rows are not computed
+    full = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, row_tokens=24)[PACKED]
+    assert (np.asarray(plan["segment_ids"]) > 0).sum() < (np.asarray(full["segment_ids"]) > 0).sum()
+
+    reference = run(every_row, batch)  # padded, every row computed, metrics over every row
+    left_out = run(skipping, batch, packed=packed)
+    # The same steps: the parameters (SGD: the gradients) and the loss of the update over every row.
+    assert_same_update((reference[0], {}), (left_out[0], {}))
+    for key in ("loss", "policy_loss", "grad_norm", "applied"):
+        np.testing.assert_allclose(left_out[1][key], reference[1][key], rtol=1e-4, atol=1e-6, err_msg=key)
+    # The per-token metrics are over the rows that train, in the padded layout as in the packed one.
+    assert_same_update(run(skipping, batch), left_out)
+    trained = np.asarray(batch["response_mask"])[[r for r in range(N) if r not in inert]].sum()
+    np.testing.assert_allclose(
+        left_out[1]["trained_token_fraction"], trained / np.asarray(batch["response_mask"]).sum(), rtol=1e-6
+    )
+    assert reference[1]["trained_token_fraction"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        (dict(kl_coef=0.1), "kl_coef=0"),
+        (dict(entropy_coef=0.01), "entropy_coef=0"),
+        (dict(minibatch_whitening="nonzero"), "minibatch_whitening=None"),
+        (dict(target_kl=0.02), "target_kl=None"),
+    ],
+)
+def test_leaving_out_zero_advantage_rows_is_refused_where_they_train(settings, named):
+    with pytest.raises(ValueError, match=named):
+        UpdateConfig(skip_zero_advantage=True, **settings)
+    graphdef, _ = split("policy")
+    critic_graphdef, _ = split("critic")
+    with pytest.raises(ValueError, match="with a critic"):
+        make_update_fn(
+            graphdef,
+            optax.sgd(0.1),
+            UpdateConfig(skip_zero_advantage=True),
+            critic_graphdef=critic_graphdef,
+            critic_optimizer=optax.sgd(0.1),
+        )
+
+
+def test_which_rows_have_an_advantage_changes_neither_the_plans_shape_nor_a_step():
+    """One program for every batch of a shape (a new one per trained-row count would compile all run long), and
+    a step with fewer rows to train computes fewer micro-batches."""
+    graphdef, params = split("policy")
+    state = create_train_state(params, optax.sgd(0.1), seed=3)
+    shapes, computed = set(), []
+    for every in (N + 1, 3, 2, 1):  # no row inert, a third, a half, all
+        batch, _ = zero_advantage_batch(10, every)
+        plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=24, skip_zero_advantage=True)
+        shapes.add(tuple((k, v.shape) for k, v in sorted(plan[PACKED].items())))
+        computed.append(int((np.asarray(plan[PACKED]["segment_ids"]) > 0).any(axis=(2, 3)).sum()))
+    assert len(shapes) == 1
+    assert computed == sorted(computed, reverse=True) and computed[0] > computed[-2] and computed[-1] == 0
+    cfg = UpdateConfig(num_mini_batches=2, skip_zero_advantage=True)
+    assert "cond[" in str(jax.make_jaxpr(make_update_fn(graphdef, optax.sgd(0.1), cfg, donate=False))(state, plan))
