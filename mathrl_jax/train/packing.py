@@ -184,9 +184,9 @@ def plan_update(
       shape_rows: `[N]` bool, a superset of `trained` (e.g. every row with a response when `trained` leaves out
         those with no non-zero advantage): the plan then has the shape packing `shape_rows` would have, whatever
         `trained` holds, so a run whose trained rows vary from batch to batch compiles as few update programs as
-        one that trains them all; every micro-batch has the whole minibatch's `K` loss-side slots. Without a
-        token budget, a full step's rows are cut into `SHAPED_MICRO_BATCHES` micro-batches: a step with fewer
-        rows to train computes fewer of them (the others are empty, and skipped).
+        one that trains them all. Without a token budget, a full step's rows are cut into `SHAPED_MICRO_BATCHES`
+        micro-batches: a step with fewer rows to train computes fewer of them (the others are empty, and
+        skipped).
 
     Returns:
       `source`, `segment_ids`, `positions` `[S, A, R, T]`; `rows` `[S, A, K]` (padded row of each loss-side
@@ -224,11 +224,19 @@ def plan_update(
         steps.append([(g, [row for group in g for row in group]) for g in micro])
     # (First-fit of a subset can, rarely, take one row more than of the whole: hence the max with `needed`.)
     num_micro = bucket_count(max(-(-max(n, m, 1) // num_rows) for n, m in zip(full, needed)))
-    # Loss-side slots per micro-batch: the whole minibatch when it is one micro-batch or the shape is `shape_rows`'
-    # (one shape whatever the lengths: the loss-side arrays are cheap, a recompile is not), else the most any
+    # Loss-side slots per micro-batch: the whole minibatch without a token budget (one shape whatever the lengths:
+    # the loss-side arrays are cheap, a recompile is not); with one and `shape_rows`, the most of a step's
+    # `shape_rows` sequences that fit in a micro-batch's tokens (the shortest ones: a bound whichever of them
+    # train, so the many micro-batches of a budget do not each hold the whole minibatch); else the most any
     # micro-batch holds.
-    if max_rows_per_micro is None or shape_rows is not None:
+    if max_rows_per_micro is None:
         slots = order.shape[1]
+    elif shape_rows is not None:
+        fit = 0
+        for step_rows in order:
+            lengths = np.sort(counts[[int(r) for r in step_rows if shape_rows[r] and counts[r] > 0]])
+            fit = max(fit, int(np.searchsorted(np.cumsum(lengths), num_rows * row_tokens, side="right")))
+        slots = min(bucket_count(fit), order.shape[1])
     else:
         slots = bucket_count(max(len(q) for s in steps for _, q in s))
     out = {

@@ -27,7 +27,9 @@ term of the loss: its PPO / REINFORCE terms are 0 with zero gradient, so the los
 are those of the whole minibatch, whose denominator still counts the row's tokens (or its sequence). A packing
 plan made `with_packing(..., skip_zero_advantage=True)` leaves such rows out of the forward and backward passes
 (a GRPO group whose samples all earned the same reward trains nothing); the per-token metrics (entropy, ratios,
-clip fractions, approx-KL) are then over the rows that train, in the padded layout too.
+clip fractions, approx-KL) are then over the rows that train, in the padded layout too. (Equal steps need finite
+inputs: a NaN in a row left out of a packed update never reaches the loss, where training every row would skip
+the step as non-finite.)
 """
 
 from __future__ import annotations

@@ -167,6 +167,37 @@ def test_micro_batches_never_compute_more_rows_than_filling_the_budget(lengths, 
     assert computed >= sum(needed)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 24), st.booleans()), min_size=4, max_size=24),
+    st.sampled_from([(None, 1), (None, 2), (1, 1), (2, 1), (4, 2)]),
+    st.integers(0, 2**16),
+)
+def test_a_plan_shaped_by_every_row_holds_each_trained_row_once_whichever_train(rows, budget_and_multiple, seed):
+    max_rows, multiple = budget_and_multiple
+    rows = rows[: len(rows) - len(rows) % 2]
+    lengths = np.asarray([n for n, _ in rows])
+    attention = (np.arange(24) < lengths[:, None]).astype(np.int32)
+    order = np.random.default_rng(seed).permutation(len(rows)).reshape(2, -1)
+    shape_rows = lengths > 0
+    trained = shape_rows & np.asarray([t for _, t in rows])
+    plans = [
+        packing.plan_update(
+            attention, subset, order, 24, max_rows_per_micro=max_rows, rows_multiple=multiple, shape_rows=shape_rows
+        )
+        for subset in (trained, shape_rows, np.zeros_like(shape_rows))
+    ]
+    assert len({tuple(v.shape for _, v in sorted(p.items())) for p in plans}) == 1  # one shape whichever train
+    plan = plans[0]
+    assert plan["segment_ids"].shape[2] % multiple == 0
+    for s in range(2):  # each trained row of the step exactly once, and nothing else
+        held = plan["rows"][s].ravel().tolist()
+        expected = [r for r in order[s].tolist() if trained[r]]
+        assert sorted(r for r in held if r != len(rows)) == sorted(expected)
+        tokens = sorted(plan["source"][s][plan["segment_ids"][s] > 0].tolist())
+        assert tokens == sorted(r * 24 + c for r in expected for c in range(lengths[r]))
+
+
 def test_three_long_rows_under_a_budget_of_two_run_as_three_micro_batches_of_one():
     attention = (np.arange(600) < np.full((6, 1), 500)).astype(np.int32)
     order = np.arange(6).reshape(2, 3)
@@ -323,27 +354,30 @@ def zero_advantage_batch(seed, every=3):
         dict(loss_agg_mode="seq-mean-token-mean"),  # of sequences
         dict(policy_loss="gspo"),  # a ratio per sequence
         dict(every=1),  # every minibatch inert: no row computed, the steps as over every row
+        dict(max_rows_per_micro=1),  # a token budget: micro-batches of one packed row
         pytest.param(dict(loss_agg_mode="seq-mean-token-sum"), marks=pytest.mark.slow),
         pytest.param(dict(loss_agg_mode="seq-mean-token-sum-norm"), marks=pytest.mark.slow),
         pytest.param(dict(policy_loss="decoupled_ppo", behaviour_weight_cap=2.0), marks=pytest.mark.slow),
         pytest.param(dict(clip_c=3.0), marks=pytest.mark.slow),
     ],
-    ids=["token-mean", "seq-mean-token-mean", "gspo", "every_row_inert", "seq-mean-token-sum", "norm", "decoupled"]
-    + ["dual_clip"],
+    ids=["token-mean", "seq-mean-token-mean", "gspo", "every_row_inert", "budget", "seq-mean-token-sum", "norm"]
+    + ["decoupled", "dual_clip"],
 )
 def test_leaving_out_zero_advantage_rows_changes_no_gradient(settings):
     settings = dict(settings)
     batch, inert = zero_advantage_batch(9, settings.pop("every", 3))
+    budget = settings.pop("max_rows_per_micro", None)
     if settings.get("loss_agg_mode", "").endswith("norm"):
         settings = dict(settings, norm_constant=12.0)
     every_row = UpdateConfig(num_mini_batches=2, ppo_epochs=2, **settings)
     skipping = UpdateConfig(num_mini_batches=2, ppo_epochs=2, skip_zero_advantage=True, **settings)
-    packed = dict(row_tokens=24, skip_zero_advantage=True)
+    packed = dict(row_tokens=24, max_rows_per_micro=budget, skip_zero_advantage=True)
     graphdef, params = split("policy")
     state = create_train_state(params, optax.sgd(0.1), seed=3)
     plan = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, **packed)[PACKED]
     assert not set(np.asarray(plan["rows"]).ravel().tolist()) & inert  # the rows are not computed
-    full = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, row_tokens=24)[PACKED]
+    full = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, row_tokens=24, max_rows_per_micro=budget)
+    full = full[PACKED]
     assert (np.asarray(plan["segment_ids"]) > 0).sum() < (np.asarray(full["segment_ids"]) > 0).sum()
 
     reference = run(every_row, batch)  # padded, every row computed, metrics over every row
