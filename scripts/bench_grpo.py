@@ -201,12 +201,13 @@ def main(argv=None) -> int:
     from mathrl_jax import compile_cache
 
     compile_cache.enable(os.environ.get("MATHRL_BENCH_CACHE", ""))  # off by default: the first iteration compiles
-    variants = {"mathrl_jax": ()}
+    # (label, key in the JSON, config settings) of each mathrl_jax run
+    variants = [("mathrl_jax", "mathrl_jax", ())]
     if not args.default_only:
-        variants["mathrl_jax, every row trained"] = ("skip_zero_advantage=False",)
+        variants.append(("mathrl_jax, every row trained", "mathrl_jax_every_row", ("skip_zero_advantage=False",)))
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as directory:
         model_dir = warm_started_model(directory, args)
-        records = {name: bench_mathrl(model_dir, directory, args, settings) for name, settings in variants.items()}
+        records = {key: bench_mathrl(model_dir, directory, args, settings) for _, key, settings in variants}
         trl_times = None if args.skip_trl else bench_trl(model_dir, directory, args)
 
     result = {
@@ -214,14 +215,12 @@ def main(argv=None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "setting": {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "minibatches", "lr")},
     }
-    names = {"mathrl_jax": "mathrl_jax", "mathrl_jax, every row trained": "mathrl_jax_every_row"}
-    for name in variants:
-        result[names[name]] = mathrl_result(records[name], args)
+    for _, key, _ in variants:
+        result[key] = mathrl_result(records[key], args)
     if trl_times is not None:
         result["trl"] = {"first_iteration": trl_times[0], "steady": summary(trl_times[args.warmup :])}
-        for name in variants:
-            ratio = result["trl"]["steady"]["median"] / result[names[name]]["steady"]["median"]
-            result[names[name]]["speedup_over_trl"] = ratio
+        for _, key, _ in variants:
+            result[key]["speedup_over_trl"] = result["trl"]["steady"]["median"] / result[key]["steady"]["median"]
         result["speedup"] = result["mathrl_jax"]["speedup_over_trl"]
 
     print(
@@ -230,8 +229,8 @@ def main(argv=None) -> int:
     )
     print("| system | first iteration (s) | steady iteration (s), median (min-max) | tokens trained | speed-up |")
     print("|---|---|---|---|---|")
-    for name in variants:
-        m = result[names[name]]
+    for name, key, _ in variants:
+        m = result[key]
         speedup = f"{m['speedup_over_trl']:.2f}x" if trl_times is not None else ""
         print(
             f"| {name} | {m['first_iteration']:.2f} | {m['steady']['median']:.3f} "
@@ -243,8 +242,8 @@ def main(argv=None) -> int:
             f"| TRL GRPOTrainer | {t['first_iteration']:.2f} | {t['steady']['median']:.3f} "
             f"({t['steady']['min']:.3f}-{t['steady']['max']:.3f}) | 1.00 | 1.00x |"
         )
-    for name in variants:
-        m = result[names[name]]
+    for name, key, _ in variants:
+        m = result[key]
         print(
             f"{name} split (median s): "
             + ", ".join(f"{k[:-5]} {v:.3f}" for k, v in m["split"].items())

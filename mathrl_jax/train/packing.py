@@ -201,16 +201,15 @@ def plan_update(
     for step_rows in order:
         rows = [int(r) for r in step_rows if trained[r] and counts[r] > 0]
         step_groups.append([[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)])
-    # Packed rows per step of the rows that decide the shape (`full`), and of those that train.
+    # Packed rows per step of the rows that decide the shape (`full`), and of those that train (`needed`).
     needed = [len(g) for g in step_groups]
     full = needed
-    if shape_rows is not None:
-        full = []
-        for step_rows in order:
-            rows = [int(r) for r in step_rows if shape_rows[r] and counts[r] > 0]
-            full.append(len(first_fit(counts[rows], row_tokens)))
+    if shape_rows is not None:  # each step's `shape_rows` lengths
+        shape_lengths = [counts[[int(r) for r in step_rows if shape_rows[r] and counts[r] > 0]] for step_rows in order]
+        full = [len(first_fit(lengths, row_tokens)) for lengths in shape_lengths]
     if shape_rows is not None and max_rows_per_micro is None:
-        # A full step's rows, as the plan of every row would have them, cut into `SHAPED_MICRO_BATCHES`.
+        # A full step's rows, as the plan of every row would have them, cut into `SHAPED_MICRO_BATCHES`; every
+        # step has the full step's shape.
         whole = bucket_count(max(max(full), 1), rows_multiple)
         num_rows = -(-whole // (SHAPED_MICRO_BATCHES * rows_multiple)) * rows_multiple
         full = [whole] * len(full)
@@ -232,10 +231,8 @@ def plan_update(
     if max_rows_per_micro is None:
         slots = order.shape[1]
     elif shape_rows is not None:
-        fit = 0
-        for step_rows in order:
-            lengths = np.sort(counts[[int(r) for r in step_rows if shape_rows[r] and counts[r] > 0]])
-            fit = max(fit, int(np.searchsorted(np.cumsum(lengths), num_rows * row_tokens, side="right")))
+        capacity = num_rows * row_tokens
+        fit = max(int(np.searchsorted(np.cumsum(np.sort(n)), capacity, side="right")) for n in shape_lengths)
         slots = min(bucket_count(fit), order.shape[1])
     else:
         slots = bucket_count(max(len(q) for s in steps for _, q in s))

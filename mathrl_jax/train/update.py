@@ -45,7 +45,7 @@ import optax
 from flax import nnx
 
 from mathrl_jax import losses
-from mathrl_jax.train import packing
+from mathrl_jax.train import packing, update_metrics
 from mathrl_jax.train.passes import critic_values, packed_inputs, policy_logprobs, unpack
 from mathrl_jax.train.state import TrainState
 
@@ -218,7 +218,7 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
         norm_constant=cfg.norm_constant,
         denominator=denominator,
     )
-    metrics.pop("explained_variance")  # a ratio of variances: from sums over the minibatch, `_explained_variance`
+    metrics.pop("explained_variance")  # a ratio of variances: from sums over the minibatch (update_metrics)
     mask = mb["value_mask"].astype(jnp.float32)
     returns = mb["returns"].astype(jnp.float32)
     error = returns - jax.lax.stop_gradient(values)
@@ -227,49 +227,10 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
     return loss, {"value_loss": loss, **{f"value_{k}": v for k, v in metrics.items() if k != "value_loss"}}
 
 
-def _explained_variance(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
-    """`metrics` with the critic's `value_sum_*` replaced by 1 - Var[R - V] / Var[R] over the minibatch's value
-    entries (`losses.explained_variance`, whatever the micro-batches; 0 when none counts)."""
-    sums = {k[len("value_sum_") :]: metrics.pop(k) for k in list(metrics) if k.startswith("value_sum_")}
-    count = jnp.maximum(sums["count"], 1.0)
-    var_returns = sums["returns_sq"] / count - (sums["returns"] / count) ** 2
-    var_error = sums["error_sq"] / count - (sums["error"] / count) ** 2
-    explained = 1.0 - jnp.maximum(var_error, 0.0) / (jnp.maximum(var_returns, 0.0) + 1e-8)
-    return dict(metrics, value_explained_variance=jnp.where(sums["count"] > 0, explained, 0.0))
-
-
-def _weighted_mean(values: Dict[str, jax.Array], weights: jax.Array) -> Dict[str, jax.Array]:
-    """Per-key mean over the leading axis weighted by `weights` (>= 0); the plain mean if all weights are 0."""
-    total = jnp.sum(weights)
-    w = jnp.where(total > 0, weights / jnp.maximum(total, 1e-30), 1.0 / weights.shape[0])
-    return {k: jnp.tensordot(w, v.astype(jnp.float32), axes=1) for k, v in values.items()}
-
-
-# Per-minibatch quantities, not token averages: averaged over the minibatches that hold a response token.
-STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied")
-
-
-# Each micro-batch's loss values are its share of the minibatch's loss (numerator / the minibatch's
-# denominator): summed over micro-batches, as the loss is, and so are sums (`*_sum_*`). Maxima are maxima over
-# the micro-batches and minibatches. Every other metric is a mean over the micro-batch's units. So no metric
-# depends on how a minibatch is cut.
-LOSS_SHARES = ("policy_loss", "kl", "value_loss")
-MAXIMA = ("ratio_max",)
-
-
-def _combine(key: str, values: jax.Array, weights: jax.Array) -> jax.Array:
-    """One metric's `[A]` per-micro-batch values combined over the minibatch (before the unit scaling)."""
-    if key in LOSS_SHARES or "_sum_" in key:
-        return jnp.sum(values, axis=0)
-    if key in MAXIMA:
-        return jnp.max(values, axis=0)
-    return jnp.tensordot(weights, values, axes=1)
-
-
 def _accumulate(objective: Callable, params, micro_batches, denominator, units):
-    """Sum over micro-batches of (loss, grads); metrics: `LOSS_SHARES` summed, `MAXIMA` maxed, the others (means
-    over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries) averaged weighted by its unit
-    count, so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them.
+    """Sum over micro-batches of (loss, grads); metrics combined by `update_metrics.over_micro_batches` (the means
+    over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries, weighted by its unit count,
+    so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them).
 
     A micro-batch with no unit is skipped (`lax.cond`): it would add a zero loss, zero gradients and metrics of
     weight 0 (a packing plan's spare micro-batches, `packing.plan_update`), so skipping it changes no value."""
@@ -297,11 +258,7 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
     zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     (loss, grads), per_micro = jax.lax.scan(body, zeros, (micro_batches, units))
     weights = jnp.sum(units.reshape(units.shape[0], -1), axis=1).astype(jnp.float32)
-    tokens = jnp.sum(weights)
-    # All padding: the metrics are 0, and the minibatch gets no weight in `update`'s average.
-    scale = jnp.where(tokens > 0, 1.0 / jnp.maximum(tokens, 1e-30), 0.0)
-    metrics = {k: _combine(k, v, weights) for k, v in per_micro.items()}
-    return loss, grads, {k: m if k in LOSS_SHARES + MAXIMA or "_sum_" in k else m * scale for k, m in metrics.items()}
+    return loss, grads, update_metrics.over_micro_batches(per_micro, weights)
 
 
 def _packed_micro_batches(extended: Dict[str, jax.Array], step: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
@@ -456,7 +413,7 @@ def make_update_fn(
                 v_updates, new_v_opt = critic_optimizer.update(v_grads, critic_opt_state, critic_params)
                 critic_params = _apply_if(v_apply, optax.apply_updates(critic_params, v_updates), critic_params)
                 critic_opt_state = _apply_if(v_apply, new_v_opt, critic_opt_state)
-                metrics.update(_explained_variance(v_metrics), value_grad_norm=v_norm)
+                metrics.update(update_metrics.explained_variance(v_metrics), value_grad_norm=v_norm)
                 finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
             skipped = skipped + (~finite).astype(jnp.int32)
             kl_skipped = kl_skipped + kl_skip.astype(jnp.int32)
@@ -476,17 +433,7 @@ def make_update_fn(
         (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), per_step = jax.lax.scan(
             minibatch_step, init, (steps, order)
         )
-        tokens = per_step.pop("tokens")  # [S] the response tokens each step trained on
-        all_tokens = per_step.pop("all_tokens")  # [S] its minibatch's (more with skip_zero_advantage)
-        shares = {k: v for k, v in per_step.items() if k in LOSS_SHARES}
-        token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS and k not in LOSS_SHARES}
-        step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
-        metrics = _weighted_mean(token_means, tokens)  # each minibatch by the tokens its means are over
-        metrics.update(_weighted_mean(shares, all_tokens))  # a loss is over its whole minibatch
-        metrics.update({k: jnp.max(v) for k, v in per_step.items() if k in MAXIMA})
-        metrics.update(_weighted_mean(step_values, (all_tokens > 0).astype(jnp.float32)))
-        total = jnp.sum(all_tokens)
-        metrics["trained_token_fraction"] = jnp.where(total > 0, jnp.sum(tokens) / jnp.maximum(total, 1.0), 0.0)
+        metrics = update_metrics.over_steps(per_step)
         metrics["kl_skipped"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # fraction of policy steps
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
         new_state = state.replace(
