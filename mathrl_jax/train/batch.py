@@ -132,12 +132,36 @@ def prepare_batch(
         whiten=c.advantage_whitening == "batch",
     )
     batch.update(advantages)
-    plain_sampling = c.temperature == 1.0 and c.top_p == 1.0 and c.top_k <= 0
-    mask = np.asarray(batch["response_mask"]) > 0
-    if plain_sampling and mask.any() and not from_sampler:  # sampler vs trainer log-probs: a health check
-        diff = np.abs(distributed.fetch(old) - sampler_logprobs)[mask].mean()
-        metrics["rollout/sampler_logprob_diff"] = float(diff)
+    if not from_sampler:
+        batch, mismatch = sampler_correction(c, batch, distributed.fetch(old), sampler_logprobs)
+        metrics.update(mismatch)
     return with_update_plan(run, batch, shape), metrics
+
+
+def sampler_correction(config, batch: Dict[str, Any], trainer_logprobs: np.ndarray, sampler_logprobs: np.ndarray):
+    """How far the sampler's log-probs are from the trainer's recomputed ones (`rollout/sampler_*` metrics), and
+    with `tis_cap` the truncated importance weights min(pi_trainer / pi_sampler, C) on the policy loss.
+
+    The weights scale each token's advantage: for the token-level losses TIS is allowed with (`ppo`,
+    `reinforce`), w >= 0 times the advantage is w times the token's loss (max(-wA r, -wA clip(r)) =
+    w max(-A r, -A clip(r)), dual clip included), which is verl's `pg_losses * tis_weights`.
+
+    Both sides are log-probs of the tempered distribution; top-k / top-p filtering changes the sampler's alone,
+    so the metrics are left out then (the weights are not: they correct for the filter too, as verl's do)."""
+    mask = np.asarray(batch["response_mask"], np.float32)
+    metrics: Dict[str, float] = {}
+    if not mask.any():
+        return batch, metrics
+    if config.top_p == 1.0 and config.top_k <= 0:
+        mismatch = update_lib.losses.sampler_mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
+        metrics.update({f"rollout/sampler_{k}": float(v) for k, v in mismatch.items()})
+    if config.tis_cap is not None:
+        weights, tis = update_lib.losses.truncated_importance_weights(
+            trainer_logprobs, sampler_logprobs, mask, cap=config.tis_cap
+        )
+        batch = dict(batch, advantages=batch["advantages"] * weights)
+        metrics.update({f"rollout/tis_{k}": float(v) for k, v in tis.items()})
+    return batch, metrics
 
 
 def old_logprobs_from_sampler(config) -> bool:

@@ -18,6 +18,7 @@ from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
+from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import algorithms, passes
 from mathrl_jax.train import state as state_lib
@@ -134,7 +135,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            fail("sampler='vllm' needs vllm (pip install -e '.[vllm]' on a GPU machine); use sampler='jax'")
+            fail(f"sampler='vllm': {VLLM_MISSING}; or use sampler='jax'")
     if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
         check_prompts(config, TextCodec(config.model_name_or_path), train_problems, eval_problems)
     prm = load_prm(config) if "prm" in config.reward_source else None
@@ -327,7 +328,17 @@ def _make_sampler(config, model_dir, model, codec, sampler_args):
     if config.sampler == "vllm":
         from mathrl_jax.sampling.vllm_sampler import VllmSampler
 
-        return VllmSampler(model_dir, config=model.config, dtype=config.dtype, seed=config.seed)
+        return VllmSampler(
+            model_dir,
+            config=model.config,
+            eos_token_ids=sampler_args["eos_token_ids"],
+            tokenizer=codec,
+            kv_cache_gib=config.vllm.kv_cache_gib,
+            # Single-turn: what a row can hold; multi-turn prompts grow over the episode: the checkpoint's limit.
+            max_model_len=None if config.env_name else config.max_prompt_length + config.max_new_tokens,
+            dtype=config.vllm.dtype or config.dtype,
+            seed=config.seed,
+        )
     sampler_mesh = sharding.follow_mesh(config.sampler_mesh.to_dict(), config.mesh.to_dict())
     mesh = sharding.make_mesh(sampler_mesh) if jax.device_count() > 1 else None
     return JaxSampler(model, mesh=mesh, **sampler_args)

@@ -59,9 +59,17 @@ METRIC_NAMES: dict[str, str] = {
     "rollout/grader_timeouts": "responses whose grading ran past reward.timeout_s (graded incorrect)",
     "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
     "rollout/sampler_logprob_diff": (
-        "mean |trainer - sampler| log-prob of the response tokens; a health check, with plain sampling only "
-        "(temperature 1, top_p 1, no top_k) and when the trainer recomputes the old log-probs (old_logprobs)"
+        "mean |trainer - sampler| log-prob of the response tokens (sampler-trainer mismatch), when the trainer "
+        "recomputes the old log-probs (old_logprobs) and the sampler filters no tokens (top_p 1, no top_k)"
     ),
+    "rollout/sampler_ratio_outside": (
+        "share of response tokens whose pi_trainer / pi_sampler is outside [0.5, 2] (as sampler_logprob_diff)"
+    ),
+    "rollout/sampler_kl_sampler_trainer": (
+        "mean log pi_sampler - log pi_trainer over response tokens, a k1 estimate of KL(sampler || trainer)"
+    ),
+    "rollout/tis_weight_mean": "mean truncated importance weight min(pi_trainer / pi_sampler, tis_cap) (tis_cap)",
+    "rollout/tis_truncated_fraction": "share of response tokens whose weight was cut to tis_cap (tis_cap)",
     "rollout/episode_return": "mean undiscounted return of an episode (multi-turn env_name)",
     "rollout/episode_turns": "mean turns per episode (multi-turn env_name)",
     "dapo/kept_fraction": "fraction of responses kept by DAPO's group filter (the others are masked out)",

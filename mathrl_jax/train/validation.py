@@ -118,6 +118,33 @@ def validate_config(config) -> None:
             f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
             f"{c.temperature}, algorithm_name={c.algorithm_name!r}, env_name={c.env_name!r}"
         )
+    if c.sampler == "vllm":
+        if not c.vllm.kv_cache_gib > 0:
+            fail(f"vllm.kv_cache_gib={c.vllm.kv_cache_gib} must be > 0 (GiB of KV cache)")
+        if c.vllm.dtype not in ("", "float32", "bfloat16", "float16"):
+            fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype), 'float32', 'bfloat16' or 'float16'")
+        if jax.process_count() > 1:
+            fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
+    if c.tis_cap is not None:
+        loss = algorithms.ALGORITHMS[c.algorithm_name].policy_loss
+        if not c.tis_cap > 0:
+            fail(f"tis_cap={c.tis_cap} must be > 0 (the truncation C of min(pi_trainer / pi_sampler, C)), or None")
+        if loss not in ("ppo", "reinforce"):
+            fail(
+                f"tis_cap={c.tis_cap} weights a token-level policy loss ('ppo', 'reinforce'); algorithm_name="
+                f"{c.algorithm_name!r} trains {loss!r}"
+                + (" whose behaviour weight already corrects for the sampler" if loss == "decoupled_ppo" else "")
+            )
+        if c.advantage_whitening != "batch":
+            fail(
+                f"tis_cap={c.tis_cap} with advantage_whitening={c.advantage_whitening!r}: the weights scale the "
+                "advantages, which per-minibatch whitening would undo; use advantage_whitening='batch'"
+            )
+        if c.old_logprobs == "sampler":
+            fail(
+                f"tis_cap={c.tis_cap} with old_logprobs='sampler': the weight pi_trainer / pi_sampler needs the "
+                "trainer's recomputed log-probs (old_logprobs='auto' or 'trainer')"
+            )
     if c.env_name not in ("", "guess_number"):
         fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn problems) or 'guess_number'")
     if c.loss_agg_mode not in update_lib.losses.LOSS_AGG_MODES:

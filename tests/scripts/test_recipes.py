@@ -2,7 +2,8 @@
 stand-ins made here: a Qwen2 policy (and a Qwen3 one for the game), a PRM, and data in each recipe's layout.
 
 Only the overrides that make a run short are added (iterations, batch and generation sizes), plus the local
-paths and `--config.sampler=jax` where a recipe names vLLM (GPU only). One exception: the stand-in PRM's
+paths. A recipe that names vLLM runs on the real engine (its CPU build here) with a KV cache sized for this
+machine (`--config.vllm.kv_cache_gib`; the recipe's is a GPU's). One exception: the stand-in PRM's
 character tokenizer has no `ки`, OpenR's step tag, so the OpenR recipes tag steps with `@`. The GRPO recipe
 runs in the default test set; the others are `slow`.
 """
@@ -27,6 +28,8 @@ SHORT = [
     "--config.max_prompt_length=256",
     "--config.progress=False",
 ]
+
+CPU_ENGINE = ["--config.vllm.kv_cache_gib=0.25"]  # the recipes' KV cache is a GPU's
 
 
 def math_rows(n=24):
@@ -95,9 +98,9 @@ def recipe_flags(name, stand_ins):
         "--config.num_env_steps=64",  # 2 iterations of 4 answers x 8 steps
     ]
     return {
-        "grpo_qwen_math": [policy, f"--config.dataset_path={data['math500']}", "--config.sampler=jax"],
-        "dapo_qwen_math": [policy, f"--config.dataset_path={data['verl']}", "--config.sampler=jax"],
-        "areal_async": [policy, f"--config.dataset_path={data['boba']}", "--config.sampler=jax"],
+        "grpo_qwen_math": [policy, f"--config.dataset_path={data['math500']}", *CPU_ENGINE],
+        "dapo_qwen_math": [policy, f"--config.dataset_path={data['verl']}", *CPU_ENGINE],
+        "areal_async": [policy, f"--config.dataset_path={data['boba']}", *CPU_ENGINE],
         "openr_appo": [*openr, "--config.algorithm_name=APPO", f"--config.dataset_path={data['math500']}"],
         "openr_tppo": [*openr, "--config.algorithm_name=TPPO", f"--config.dataset_path={data['openr']}"],
         "gem_guess_number": [f"--config.model_name_or_path={stand_ins['qwen3']}", "--config.n_rollout_threads=2"],
@@ -141,8 +144,12 @@ def test_recipe_runs_to_the_end(name, stand_ins, tmp_path):
     assert os.path.isdir(run_dir / "checkpoints") and os.path.isdir(run_dir / "final_model")
     saved = json.load(open(run_dir / "config.json"))  # the recipe's own settings, not the default's
     recipe = importlib.import_module(f"mathrl_jax.configs.{name}").get_config()
-    for key in ("algorithm_name", "prompt_template", "lr", "loss_agg_mode", "remat"):
+    for key in ("algorithm_name", "prompt_template", "lr", "loss_agg_mode", "remat", "sampler"):
         assert saved[key] == recipe[key], key
+    if recipe["sampler"] == "vllm":  # the engine sampled, and was synced from the trainer every iteration
+        synced = [r for r in records if "perf/sync_time" in r]
+        assert len(synced) == 2 and all(r["perf/sync_time"] > 0 for r in synced)
+        assert all(r["rollout/sampler_logprob_diff"] < 0.1 for r in records if "rollout/sampler_logprob_diff" in r)
 
 
 def _last_record_of_each_step(run_dir):

