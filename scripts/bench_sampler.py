@@ -183,7 +183,11 @@ def main(argv=None):
         tokens = args.batch * args.new_tokens
         rows.append((name, {side: tokens / statistics.median(t) for side, t in times.items()}))
     columns = [*sides, "transformers"]
-    print(f"{'mode':<24}" + "".join(f"{c + ' tok/s':>20}" for c in columns) + "".join(f"{c + ' ratio':>18}" for c in sides))
+    print(
+        f"{'mode':<24}"
+        + "".join(f"{c + ' tok/s':>20}" for c in columns)
+        + "".join(f"{c + ' ratio':>18}" for c in sides)
+    )
     for name, tps in rows:
         line = f"{name:<24}" + "".join(f"{tps[c]:>20.0f}" for c in columns)
         line += "".join(f"{tps[c] / tps['transformers']:>17.2f}x" for c in sides)

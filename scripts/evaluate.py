@@ -157,7 +157,11 @@ def main(argv=None) -> int:
         from mathrl_jax.sampling.vllm_sampler import VllmSampler
 
         sampler = VllmSampler(
-            args.model, config=model.config, eos_token_ids=[codec.eos_token_id], tokenizer=codec, dtype=model.config.dtype
+            args.model,
+            config=model.config,
+            eos_token_ids=[codec.eos_token_id],
+            tokenizer=codec,
+            dtype=model.config.dtype,
         )
     else:
         # Several processes: one sampler mesh over all their devices, each decoding its share of the rows.

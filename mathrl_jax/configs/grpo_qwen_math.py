@@ -17,6 +17,7 @@ def get_config():
     config.algorithm_name = "grpo"
     config.run_dir = "runs/grpo_qwen_math"
     config.sampler = "vllm"
+    config.vllm.kv_cache_gib = 20.0  # GPU memory beside the trainer's on one 80 GB GPU (1.5B, bf16)
     config.dataset_name = "auto"
     config.dataset_path = "math_train.jsonl"
     config.prompt_template = "chat"

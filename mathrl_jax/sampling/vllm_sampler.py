@@ -175,6 +175,12 @@ class VllmSampler:
         from vllm import LLM
 
         llm_kwargs.setdefault("enforce_eager", True)  # no torch.compile / CUDA graphs: a fast start
+        if self.on_cpu:
+            # The CPU build cannot rewind a seeded request's random generator ("CPU Generator does not use offset"),
+            # which vLLM does when a prompt's prefill is split over steps: seeded sampling of a batch whose prompts
+            # pass the step's token budget (4096) crashed. Whole prompts a step, a budget that holds the longest.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            llm_kwargs.setdefault("max_num_batched_tokens", max(4096, max_model_len or config.max_position_embeddings))
         self.llm = LLM(
             model=model_path,
             tokenizer=model_path,

@@ -242,8 +242,14 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
 
     num_micro = units.shape[0]
     if num_micro > 1:
+        # Everything the objective sees enters as an abstract argument, none as a closed-over tracer of the
+        # enclosing scan: NNX refuses to touch, at eval_shape's trace level, a Param built from another level's
+        # tracer, which the remat'd model does ("Cannot mutate Param from a different trace level").
+        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
         first = jax.tree.map(lambda x: x[0], micro_batches)
-        metric_shapes = jax.eval_shape(lambda mb: objective(params, mb, denominator)[1], first)
+        metric_shapes = jax.eval_shape(
+            lambda p, mb, d: objective(p, mb, d)[1], abstract(params), abstract(first), abstract(denominator)
+        )
         no_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
         skip = lambda acc, mb: (acc, no_metrics)  # noqa: E731
 

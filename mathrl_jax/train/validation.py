@@ -140,6 +140,8 @@ def validate_config(config) -> None:
                 f"tis_cap={c.tis_cap} with advantage_whitening={c.advantage_whitening!r}: the weights scale the "
                 "advantages, which per-minibatch whitening would undo; use advantage_whitening='batch'"
             )
+        if c.env_name:
+            fail(f"tis_cap={c.tis_cap} is for single-turn runs; env_name={c.env_name!r} is multi-turn")
         if c.old_logprobs == "sampler":
             fail(
                 f"tis_cap={c.tis_cap} with old_logprobs='sampler': the weight pi_trainer / pi_sampler needs the "

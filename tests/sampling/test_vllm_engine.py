@@ -11,7 +11,6 @@ import os
 import types
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -159,6 +158,18 @@ def test_n_stops_and_length_limits_end_completions_as_the_jax_sampler_does(tiny,
     else:  # other random streams: the same limits
         assert [len(c) for c in got.completion_ids] == [len(c) for c in want.completion_ids] == [6] * len(got)
         assert all(np.all(lp <= 0) and np.all(np.isfinite(lp)) for lp in got.logprobs)
+
+
+def test_seeded_sampling_of_a_batch_over_the_steps_token_budget(tiny):
+    """64 prompts of ~90 tokens: more than a step's 4096-token budget, so prompts wait for later steps. On the CPU
+    build a prefill split over steps crashed seeded sampling (its generator cannot rewind)."""
+    tiny.engine.update_weights(tiny.state, version=9)
+    prompts = [p * 12 for p in tiny.prompts]
+    assert sum(len(p) for p in prompts) > 4096
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=11)
+    first = tiny.engine.generate(prompts, params)
+    assert len(first) == 128 and all(len(c) >= 1 for c in first.completion_ids)
+    assert tiny.engine.generate(prompts, params).completion_ids == first.completion_ids  # the seed decides
 
 
 def test_sampled_logprobs_are_the_tempered_distributions_and_policy_logprobs_wait_for_the_trainer(tiny):

