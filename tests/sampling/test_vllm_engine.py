@@ -22,6 +22,7 @@ from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.sampling import JaxSampler, SamplingParams
 from mathrl_jax.train import sft
 from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.passes import policy_logprobs
 from mathrl_jax.train.problems import encode_prompts
 from mathrl_jax.train.warmstart import warmstart_examples
 
@@ -44,9 +45,10 @@ def tiny(tmp_path_factory):
     train, held_out = arithmetic_train_eval(2000, 64, seed=0, levels=(2,), question_format="{expr}=")
     model = hf.load_model(directory)
     graphdef, random_state = nnx.split(model)
+    examples = warmstart_examples(config, codec, train)
     state = sft.supervised_warmstart(
         model,
-        warmstart_examples(config, codec, train),
+        examples,
         steps=WARMSTART_STEPS,
         batch_size=32,
         learning_rate=1e-3,
@@ -69,6 +71,7 @@ def tiny(tmp_path_factory):
         graphdef=graphdef,
         random_state=random_state,
         state=state,
+        examples=examples,
         engine=engine,
         prompts=encode_prompts(config, codec, held_out),
         jax_sampler=lambda s: JaxSampler(nnx.merge(graphdef, s), **sampler_args),
@@ -93,8 +96,6 @@ def test_greedy_tokens_and_logprobs_equal_the_jax_samplers_after_a_sync(tiny):
 
 def test_sampled_logprobs_equal_the_trainers_recomputed_ones(tiny):
     """At temperature 1 the engine's sampled-token log-probs are the trainer's (`passes.policy_logprobs`)."""
-    from mathrl_jax.train.passes import policy_logprobs
-
     tiny.engine.update_weights(tiny.state, version=1)
     rollouts = tiny.engine.generate(tiny.prompts[:16], SamplingParams(n=4, temperature=1.0, max_new_tokens=40, seed=3))
     batch = rollouts.to_batch(tiny.codec.pad_token_id)
@@ -105,19 +106,36 @@ def test_sampled_logprobs_equal_the_trainers_recomputed_ones(tiny):
     np.testing.assert_array_equal(batch["old_logprobs"][mask], batch["sampler_logprobs"][mask])
 
 
+def logprob_gap(tiny, state, rollouts):
+    """Max |sampler - trainer| log-prob over the sampled tokens, the trainer holding `state`."""
+    batch = rollouts.to_batch(tiny.codec.pad_token_id)
+    trainer, _ = policy_logprobs(tiny.graphdef, state, batch["input_ids"], batch["attention_mask"])
+    mask = batch["response_mask"] > 0
+    return float(np.max(np.abs(batch["sampler_logprobs"][mask] - np.asarray(trainer)[mask])))
+
+
 def test_the_engine_follows_each_sync_not_the_checkpoint_it_started_from(tiny):
-    """A training step's params, then the random weights of the disk checkpoint: the engine follows each."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=24)
-    prompts = tiny.prompts[:8]
-    # One big SGD-like move on every matrix: the greedy answers change.
-    stepped = jax.tree.map(lambda x: x * 1.5 if x.ndim == 2 else x, tiny.state)
-    tiny.engine.update_weights(stepped, version=2)
-    after_step = tiny.engine.generate(prompts, params)
-    assert after_step.completion_ids == tiny.jax_sampler(stepped).generate(prompts, params).completion_ids
-    tiny.engine.update_weights(tiny.state, version=3)
-    warm = tiny.engine.generate(prompts, params)
-    assert warm.completion_ids != after_step.completion_ids
-    assert warm.completion_ids == tiny.jax_sampler(tiny.state).generate(prompts, params).completion_ids
+    """The engine started from the random checkpoint on disk. Synced the warm-started params, then those params
+    after three optimizer steps, then the random ones again: each time its log-probs are the trainer's for the
+    params just synced, and far from the others'."""
+    stepped = sft.supervised_warmstart(
+        nnx.merge(tiny.graphdef, tiny.state),
+        tiny.examples[:48],
+        steps=3,
+        batch_size=16,
+        learning_rate=3e-3,
+        seed=1,
+        pad_id=tiny.codec.pad_token_id,
+    )
+    states = {"warm": tiny.state, "stepped": stepped, "random": tiny.random_state}
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=5)
+    for version, name in enumerate(states, start=10):
+        tiny.engine.update_weights(states[name], version=version)
+        rollouts = tiny.engine.generate(tiny.prompts[:16], params)
+        assert rollouts.policy_version == version
+        gaps = {other: logprob_gap(tiny, state, rollouts) for other, state in states.items()}
+        assert gaps[name] < LOGPROB_ATOL, (name, gaps)
+        assert all(gap > 100 * LOGPROB_ATOL for other, gap in gaps.items() if other != name), (name, gaps)
     assert np.isfinite(tiny.engine.last_sync_seconds) and tiny.engine.last_sync_seconds > 0
 
 
@@ -176,8 +194,6 @@ def test_sampled_logprobs_are_the_tempered_distributions_and_policy_logprobs_wai
     tiny.engine.update_weights(tiny.state, version=6)
     rollouts = tiny.engine.generate(tiny.prompts[:4], SamplingParams(n=2, temperature=0.7, max_new_tokens=16, seed=1))
     batch = rollouts.to_batch(tiny.codec.pad_token_id)
-    from mathrl_jax.train.passes import policy_logprobs
-
     trainer, _ = policy_logprobs(tiny.graphdef, tiny.state, batch["input_ids"], batch["attention_mask"], 0.7)
     trainer = np.asarray(trainer)
     mask = batch["response_mask"] > 0
