@@ -57,21 +57,16 @@ def torch_weights(state: Any, config: QwenConfig, *, dtype: Any = None) -> Itera
     Tensors are shared with JAX through DLPack: on a GPU they are the same device
     memory. A leaf sharded over several devices is first gathered onto its first
     device (DLPack describes one buffer). `dtype` (a jnp dtype) casts on the JAX
-    side first, e.g. float32 training params to vLLM's bfloat16. A kernel stored
-    `[in, out]` (JAX) is handed over as torch's transposed view of it, `[out, in]`
-    (Hugging Face's layout, not contiguous): the engine copies it into its own
-    parameter anyway, so the sync makes no transposed copy of its own.
+    side first, e.g. float32 training params to vLLM's bfloat16.
     """
     import torch
 
-    for name, spec in hf.parameter_table(config).items():
-        array = hf.get_path(state, spec.path)
+    for name, array in hf.hf_tensors(state, hf.parameter_table(config)):
         if dtype is not None and array.dtype != dtype:
             array = array.astype(dtype)
         if len(array.sharding.device_set) > 1:
             array = jax.device_put(array, next(iter(sorted(array.sharding.device_set, key=lambda d: d.id))))
-        tensor = torch.from_dlpack(array)
-        yield name, tensor.T if spec.transpose else tensor
+        yield name, torch.from_dlpack(array)
 
 
 def vllm_sampling_params(params: SamplingParams, eos_token_ids: Sequence[int] = ()):
