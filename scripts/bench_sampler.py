@@ -2,11 +2,12 @@
 the JAX-to-vLLM weight sync time.
 
 Every side runs the same checkpoint (random weights, written with `write_tiny_checkpoint` and read by all), the
-same batch of prompts (random ids, lengths 16-24, left-padded for `transformers`), the same number of new tokens
-(no end-of-sequence stop: every row produces exactly `--new-tokens`). Shapes: the tiny offline model, or a random
+same batch of prompts (random ids, lengths 16-24, left-padded for `transformers`), up to `--new-tokens` new tokens
+(JaxSampler and transformers never stop early; vLLM stops at the checkpoint's end-of-sequence id, and its
+tokens/s counts the tokens it made). Shapes: the tiny offline model, or a random
 model of Qwen2.5-0.5B's or Qwen2.5-1.5B's shape (vocabulary 151,936). Modes: greedy, and sampling at temperature
-1.0 with top-p 0.95. Warm-up calls (compilation) are excluded; calls are interleaved and tokens/s = batch x new
-tokens / median seconds. The ratios are against transformers, measured in the same run.
+1.0 with top-p 0.95. Warm-up calls (compilation) are excluded; calls are interleaved and tokens/s is the median
+over the calls of tokens made / seconds. The ratios are against transformers, measured in the same run.
 
 vLLM: the engine starts on the checkpoint, then the JAX params are synced into it `--syncs` times
 (`VllmSampler.update_weights`: JAX -> torch through DLPack -> vLLM's in-place reload); the median is reported.
@@ -168,20 +169,23 @@ def main(argv=None):
     for name, (params, torch_kwargs) in modes.items():
         outputs = {side: fn(prompts, params) for side, fn in sides.items()}  # warm-up: compiles
         torch_tokens = run_torch(torch_kwargs)
-        if params.greedy:
+        if params.greedy:  # equal tokens over transformers' (a row that stopped early misses the rest)
             for side, out in outputs.items():
-                agreement[side] = float(np.mean(np.array(out.completion_ids) == torch_tokens))
-        times = {side: [] for side in [*sides, "transformers"]}
+                equal = sum(int(a == b) for row, ref in zip(out.completion_ids, torch_tokens) for a, b in zip(row, ref))
+                agreement[side] = equal / torch_tokens.size
+        # tokens/s: the tokens each call made over its seconds, median over the calls. vLLM also stops at the
+        # checkpoint's end-of-sequence id (its generation config), so its rows may end early: counted as made.
+        rates = {side: [] for side in [*sides, "transformers"]}
         for _ in range(args.repeats):
             for side, fn in sides.items():
                 start = time.perf_counter()
-                fn(prompts, params)
-                times[side].append(time.perf_counter() - start)
+                out = fn(prompts, params)
+                made = sum(len(c) for c in out.completion_ids)
+                rates[side].append(made / (time.perf_counter() - start))
             start = time.perf_counter()
             run_torch(torch_kwargs)
-            times["transformers"].append(time.perf_counter() - start)
-        tokens = args.batch * args.new_tokens
-        rows.append((name, {side: tokens / statistics.median(t) for side, t in times.items()}))
+            rates["transformers"].append(args.batch * args.new_tokens / (time.perf_counter() - start))
+        rows.append((name, {side: statistics.median(r) for side, r in rates.items()}))
     columns = [*sides, "transformers"]
     print(
         f"{'mode':<24}"

@@ -70,10 +70,11 @@ def torch_weights(state: Any, config: QwenConfig, *, dtype: Any = None) -> Itera
         yield name, torch.from_dlpack(array)
 
 
-def vllm_sampling_params(params: SamplingParams, eos_token_ids: Sequence[int] = ()):
+def vllm_sampling_params(params: SamplingParams, eos_token_ids: Sequence[int] = (), seed: Optional[int] = None):
     """vLLM's `SamplingParams` for ours: one log-prob per token (the sampled one's), the sampler's end-of-sequence
-    ids as stop tokens (so the engine stops where the `JaxSampler` does, whatever the checkpoint's own
-    generation config says), and stop strings that keep the tokens up to the one that completes them."""
+    ids as stop tokens (vLLM also stops at its tokenizer's and generation config's, which for a checkpoint and the
+    `JaxSampler`'s `eos_token_ids` read from its tokenizer are the same), and stop strings that keep the tokens up
+    to the one that completes them. `seed` replaces `params.seed` (one request's)."""
     from vllm import SamplingParams as VllmParams
 
     return VllmParams(
@@ -86,7 +87,7 @@ def vllm_sampling_params(params: SamplingParams, eos_token_ids: Sequence[int] = 
         stop=list(params.stop),
         include_stop_str_in_output=True,
         skip_special_tokens=True,
-        seed=params.seed,
+        seed=params.seed if seed is None else seed,
         logprobs=0,
     )
 
@@ -193,6 +194,14 @@ class VllmSampler:
         from vllm import LLM
 
         llm_kwargs.setdefault("enforce_eager", True)  # no torch.compile / CUDA graphs: a fast start
+        if not self.on_cpu and "gpu_memory_utilization" not in llm_kwargs:
+            # On a GPU vLLM refuses to start unless gpu_memory_utilization x the GPU's memory is free, even with an
+            # explicit KV cache; beside a trainer holding part of the GPU that is rarely 0.9 (its default). The cache
+            # is kv_cache_gib whatever this says: ask for most of what is free now. (Not run on a GPU yet.)
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            llm_kwargs["gpu_memory_utilization"] = 0.9 * free / total
         if self.on_cpu:
             # The CPU build cannot rewind a seeded request's random generator ("CPU Generator does not use offset"),
             # which vLLM does when a prompt's prefill is split over steps: seeded sampling of a batch whose prompts
@@ -252,13 +261,19 @@ class VllmSampler:
         if not prompts:
             raise ValueError("generate() got no prompts")
         prompt_ids = [[int(t) for t in p] for p in prompts]
-        # vLLM refuses n > 1 with greedy decoding; its n samples would be one completion n times: asked once, repeated.
-        repeats = params.n if params.greedy else 1
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
-            vllm_sampling_params(dataclasses.replace(params, n=1) if repeats > 1 else params, self.eos_token_ids),
-            use_tqdm=False,
-        )
+        # vLLM refuses n > 1 with greedy decoding (below 1e-5 it is greedy); its n samples would be one completion n
+        # times: asked once, repeated.
+        greedy = params.temperature < 1e-5
+        repeats = params.n if greedy else 1
+        asked = dataclasses.replace(params, n=1) if repeats > 1 else params
+        # One request a prompt, each its own seeds: vLLM seeds sample j of a request with seed + j, so one shared
+        # seed would give sample j of every prompt the same noise (equal prompts, equal completions). Prompt i's
+        # samples take seed + i n + j, distinct within the call, as the JaxSampler's rows are.
+        per_prompt = [
+            vllm_sampling_params(asked, self.eos_token_ids, None if params.seed is None else params.seed + i * params.n)
+            for i in range(len(prompt_ids))
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], per_prompt, use_tqdm=False)
         plain = params.temperature == 1.0 and params.top_p == 1.0 and params.top_k <= 0
         completions, lps, plps, reasons, stop_reasons, texts = [], [], [], [], [], []
         for request in outputs:
@@ -267,7 +282,7 @@ class VllmSampler:
                 completions.append(ids)
                 # logprobs[t] maps token id -> Logprob for the sampled token (no top-k asked for).
                 lp = np.array([step[tok].logprob for step, tok in zip(sample.logprobs or [], ids)], np.float32)
-                if params.greedy:  # a point mass was sampled from; the log-probs are the policy's
+                if greedy:  # a point mass was sampled from; the log-probs are the policy's
                     lps.append(np.zeros_like(lp))
                     plps.append(lp)
                 else:

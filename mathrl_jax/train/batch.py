@@ -178,6 +178,7 @@ def old_logprobs_from_sampler(config) -> bool:
         return config.old_logprobs == "sampler"
     return (
         config.sampler == "jax"
+        and config.tis_cap is None  # TIS compares the trainer's log-probs with the sampler's
         and config.temperature == 1.0
         and config.algorithm_name != "async_ppo"
         and not config.env_name

@@ -52,9 +52,16 @@ def _check_model_path(config) -> None:
         if not os.path.isdir(path):
             fail(f"model_name_or_path {path!r} is not a local directory (no downloads: give a local checkpoint)")
         try:
-            hf_config.load_config(path)
+            model_config = hf_config.load_config(path)
         except (qwen.ConfigError, OSError, ValueError) as error:
             fail(f"model_name_or_path {path!r}: {error}")
+        longest = config.max_prompt_length + config.max_new_tokens
+        if config.sampler == "vllm" and not config.env_name and longest > model_config.max_position_embeddings:
+            fail(
+                f"sampler='vllm': max_prompt_length + max_new_tokens = {longest} is over the checkpoint's "
+                f"max_position_embeddings={model_config.max_position_embeddings} ({path!r}), which vLLM refuses; "
+                "lower max_prompt_length or max_new_tokens"
+            )
 
 
 def load_prm(config):

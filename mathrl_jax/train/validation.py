@@ -125,6 +125,13 @@ def validate_config(config) -> None:
             fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype), 'float32', 'bfloat16' or 'float16'")
         if jax.process_count() > 1:
             fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
+        filtered = c.top_p < 1.0 or c.top_k > 0
+        if (c.old_logprobs == "sampler" or c.algorithm_name == "async_ppo") and (filtered or c.temperature != 1.0):
+            fail(
+                "sampler='vllm' reports the policy's own log-probs only at temperature 1 without top_p / top_k (it "
+                "reports those of the distribution it sampled from); old_logprobs='sampler' and async_ppo's "
+                f"behaviour log-probs need them: got temperature={c.temperature}, top_p={c.top_p}, top_k={c.top_k}"
+            )
     if c.tis_cap is not None:
         loss = algorithms.ALGORITHMS[c.algorithm_name].policy_loss
         if not c.tis_cap > 0:

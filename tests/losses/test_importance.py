@@ -99,3 +99,29 @@ def test_weighted_advantages_are_the_per_token_weighted_ppo_loss(seed, clip_c, m
     loss, _ = reinforce_loss(logprobs, trainer, advantages * weights.astype(np.float32), mask)
     want = ref.aggregate(-weights * advantages * logprobs, mask, "token-mean", None, None)
     np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
+
+
+def test_the_trainer_applies_the_weights_to_the_advantages_and_logs_the_mismatch():
+    """`train.batch.sampler_correction`: advantages times the weights with `tis_cap`, untouched without; the
+    mismatch metrics only where the sampler filters no token (top_p 1, no top_k)."""
+    import ml_collections
+
+    from mathrl_jax.train.batch import sampler_correction
+
+    trainer, sampler, mask = arrays(4)
+    advantages = np.random.RandomState(5).normal(size=(B, T)).astype(np.float32) * mask
+    batch = {"response_mask": jnp.asarray(mask), "advantages": jnp.asarray(advantages)}
+
+    def config(**kw):
+        return ml_collections.ConfigDict(dict(dict(top_p=1.0, top_k=0, tis_cap=None), **kw))
+
+    out, metrics = sampler_correction(config(tis_cap=2.0), batch, trainer, sampler)
+    np.testing.assert_allclose(
+        np.asarray(out["advantages"]), advantages * np_weights(trainer, sampler, mask, 2.0), rtol=1e-5, atol=1e-7
+    )
+    assert {"rollout/tis_weight_mean", "rollout/tis_truncated_fraction", "rollout/sampler_logprob_diff"} <= set(metrics)
+    out, metrics = sampler_correction(config(), batch, trainer, sampler)
+    np.testing.assert_array_equal(np.asarray(out["advantages"]), advantages)
+    assert "rollout/sampler_ratio_outside" in metrics and not any(k.startswith("rollout/tis") for k in metrics)
+    out, metrics = sampler_correction(config(top_p=0.9, tis_cap=2.0), batch, trainer, sampler)
+    assert "rollout/sampler_logprob_diff" not in metrics and "rollout/tis_weight_mean" in metrics

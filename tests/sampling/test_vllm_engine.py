@@ -190,6 +190,17 @@ def test_seeded_sampling_of_a_batch_over_the_steps_token_budget(tiny):
     assert tiny.engine.generate(prompts, params).completion_ids == first.completion_ids  # the seed decides
 
 
+def test_each_prompt_samples_with_its_own_seeds(tiny):
+    """Equal prompts, one seed for the call: vLLM seeds sample j of a request with seed + j, so a shared seed gave
+    every prompt the same noise and equal prompts equal completions. Near-uniform (random) weights: any two rows
+    with their own noise differ."""
+    tiny.engine.update_weights(tiny.random_state, version=12)
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=3)
+    rollouts = tiny.engine.generate([tiny.prompts[0]] * 6, params)
+    assert len({tuple(c) for c in rollouts.completion_ids}) == 12
+    assert tiny.engine.generate([tiny.prompts[0]] * 6, params).completion_ids == rollouts.completion_ids
+
+
 def test_sampled_logprobs_are_the_tempered_distributions_and_policy_logprobs_wait_for_the_trainer(tiny):
     tiny.engine.update_weights(tiny.state, version=6)
     rollouts = tiny.engine.generate(tiny.prompts[:4], SamplingParams(n=2, temperature=0.7, max_new_tokens=16, seed=1))

@@ -32,6 +32,14 @@ def malformed_jsonl(tmp_path):
     return str(path)
 
 
+def short_model(tmp_path):
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    directory = str(tmp_path / "short_model")
+    write_tiny_checkpoint(directory, seed=0, num_hidden_layers=1, max_position_embeddings=32)
+    return directory
+
+
 CASES = {
     "unknown algorithm": (lambda t: ["--config.algorithm_name=ppo2"], "ppo2"),
     "missing dataset": (
@@ -49,6 +57,18 @@ CASES = {
     "no KV cache": (lambda t: ["--config.sampler=vllm", "--config.vllm.kv_cache_gib=0"], "vllm.kv_cache_gib=0"),
     "bad engine dtype": (lambda t: ["--config.sampler=vllm", "--config.vllm.dtype=int8"], "'int8'"),
     "bad tis_cap": (lambda t: ["--config.tis_cap=0"], "tis_cap=0"),
+    "vllm's sampled-from log-probs as async_ppo's behaviour": (
+        lambda t: ["--config.sampler=vllm", "--config.algorithm_name=async_ppo", "--config.temperature=0.7"],
+        "temperature=0.7",
+    ),
+    "vllm with rows over the checkpoint's positions": (
+        lambda t: [
+            "--config.sampler=vllm",
+            f"--config.model_name_or_path={short_model(t)}",
+            "--config.max_new_tokens=40",
+        ],
+        "max_position_embeddings=32",
+    ),
     "tis_cap on the decoupled loss": (
         lambda t: ["--config.tis_cap=2", "--config.algorithm_name=async_ppo"],
         "behaviour weight already corrects",
