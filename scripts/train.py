@@ -67,9 +67,9 @@ def leave(code: int, message: str, timeout_s: int = 0) -> None:
     """
     import time
 
-    import jax
+    from mathrl_jax.sharding import distributed
 
-    print(f"train.py: error (process {jax.process_index()} of {jax.process_count()}): {message}", file=sys.stderr)
+    print(f"train.py: error ({distributed.process_label()}): {message}", file=sys.stderr)
     if timeout_s:
         print(
             f"train.py: waiting up to {timeout_s} s for jax.distributed to name a lost process, if one was lost",

@@ -69,7 +69,21 @@ def initialize(
     if not 0 <= index < count:
         raise ValueError(f"process_id={index} is outside [0, num_processes={count})")
     jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index, **timeouts)
+    _joined["process"] = (index, count)
     return True
+
+
+_joined: dict = {}  # (process id, count) as given to jax.distributed.initialize
+
+
+def process_label() -> str:
+    """ "process i of n" without starting JAX's backend when `initialize` was given the two numbers.
+
+    A process that stops on bad input names itself with this: starting the backend there (`jax.process_index()`)
+    exchanges its topology through process 0's coordination service, and a process 0 that had already stopped on
+    the same input made that exchange fail with an abort (SIGABRT) instead of the clean exit 2."""
+    index, count = _joined.get("process") or (jax.process_index(), jax.process_count())
+    return f"process {index} of {count}"
 
 
 def is_main_process() -> bool:
