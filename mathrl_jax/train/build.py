@@ -18,7 +18,7 @@ from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
-from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING
+from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING, VllmSampler
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import algorithms, passes
 from mathrl_jax.train import state as state_lib
@@ -333,8 +333,6 @@ def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainStat
 
 def _make_sampler(config, model_dir, model, codec, sampler_args):
     if config.sampler == "vllm":
-        from mathrl_jax.sampling.vllm_sampler import VllmSampler
-
         return VllmSampler(
             model_dir,
             config=model.config,
