@@ -50,16 +50,30 @@ def join_processes(config) -> bool:
     JAX_PROCESS_ID, or SLURM / Open MPI), before any other JAX call; returns whether it did."""
     from mathrl_jax.sharding import distributed
 
+    if os.environ.get("JAX_NUM_PROCESSES"):  # a line that explains an abort here: a peer never joined
+        print(
+            f"train.py: process {os.environ.get('JAX_PROCESS_ID')} of {os.environ['JAX_NUM_PROCESSES']} joins the "
+            f"others at {os.environ.get('JAX_COORDINATOR_ADDRESS')} (waits up to join_timeout_s="
+            f"{config.join_timeout_s} s: a process that refused its config stops before joining)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
-        return distributed.initialize(heartbeat_timeout_s=config.heartbeat_timeout_s)
+        return distributed.initialize(
+            heartbeat_timeout_s=config.heartbeat_timeout_s, join_timeout_s=config.join_timeout_s
+        )
     except ValueError as error:
         fail(str(error))
 
 
-def leave(code: int, message: str, timeout_s: int = 0) -> None:
+def leave(code: int, message: str, timeout_s: float = 0, leader_grace_s: float = 0) -> None:
     """Ends one process of several at once: exiting normally would wait for the others at jax.distributed's
     shutdown barrier while they wait for this one at their next collective. Its heartbeats stop, so a process
     that did not fail alike is aborted within heartbeat_timeout_s, its log naming this one.
+
+    Process 0 hosts the coordination service, whose end aborts every process still connected to it; after bad
+    input it lingers `leader_grace_s` (less than the heartbeat timeout) so that the others, stopping on the same
+    input a little later, leave with their own exit status rather than that abort.
 
     After a failure that may be a lost peer's (a collective's connection broke), it first waits up to
     `timeout_s` for jax.distributed's coordination service, which then aborts this process with a line naming
@@ -78,12 +92,20 @@ def leave(code: int, message: str, timeout_s: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(timeout_s)
+    if leader_grace_s and distributed.process_label().startswith("process 0 "):
+        time.sleep(leader_grace_s)
     os._exit(code)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
     config = parse_config(argv)
+    from mathrl_jax.train.validation import TrainingError, validate_settings
+
+    try:  # before the processes join: each refuses a bad config alone, and no peer's exit can abort it
+        validate_settings(config)
+    except TrainingError as error:
+        fail(str(error))
     several = join_processes(config)
     from mathrl_jax import compile_cache
 
@@ -95,13 +117,12 @@ def main(argv=None) -> int:
     from mathrl_jax.models.hf import CheckpointError
     from mathrl_jax.models.qwen import ConfigError
     from mathrl_jax.train.loop import train
-    from mathrl_jax.train.validation import TrainingError
 
     try:
         summary = train(config)
     except (TrainingError, DataError, ConfigError, CheckpointError) as error:
         if several:
-            leave(2, str(error))
+            leave(2, str(error), leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2))
         fail(str(error))
     except BaseException:
         if several:

@@ -165,4 +165,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Several processes (jax.distributed, started by scripts/train.py from JAX_COORDINATOR_ADDRESS /
     # JAX_NUM_PROCESSES / JAX_PROCESS_ID, SLURM or Open MPI): a process lost for this long aborts the others.
     config.heartbeat_timeout_s = 100
+    # How long each process waits for all of them to join at start-up (JAX's initialization_timeout); one that
+    # refused its config, or never started, aborts the others after this long.
+    config.join_timeout_s = 300
     return config

@@ -34,6 +34,7 @@ def initialize(
     process_id: Optional[int] = None,
     *,
     heartbeat_timeout_s: Optional[int] = None,
+    join_timeout_s: Optional[int] = None,
 ) -> bool:
     """Starts `jax.distributed` when this is a multi-process job; returns whether it did.
 
@@ -44,7 +45,8 @@ def initialize(
     this is a single-process run and nothing happens.
 
     `heartbeat_timeout_s` (default: JAX's, 100 s) bounds how long the other
-    processes wait after one is lost before they abort.
+    processes wait after one is lost before they abort; `join_timeout_s`
+    (default: JAX's, 300 s) how long each waits for all to join at start-up.
     """
     env = os.environ
     address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
@@ -54,6 +56,8 @@ def initialize(
     # CPU hosts exchange data with gloo; GPU and TPU collectives are unaffected by this flag.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeouts = {} if heartbeat_timeout_s is None else {"heartbeat_timeout_seconds": int(heartbeat_timeout_s)}
+    if join_timeout_s is not None:
+        timeouts["initialization_timeout"] = int(join_timeout_s)
     if all(v is None for v in given.values()):
         if any(name in env for name in _CLUSTER_ENV):
             jax.distributed.initialize(**timeouts)

@@ -31,7 +31,17 @@ def normalize_config(config) -> None:
 
 
 def validate_config(config) -> None:
-    """Every check that needs no file: names, ranges, divisibility."""
+    """Every check that needs no file: names, ranges, divisibility, and the processes and devices the run has."""
+    validate_settings(config)
+    validate_placement(config)
+
+
+def validate_settings(config) -> None:
+    """The checks that need neither a file nor JAX's backend: names, ranges, divisibility.
+
+    `scripts/train.py` runs these before `jax.distributed` joins the processes: every process refuses the same
+    bad config alone, and none is aborted by a coordination service that a peer's exit took down.
+    """
     c = config
     normalize_config(c)
     if c.algorithm_name not in algorithms.ALGORITHMS:
@@ -123,8 +133,6 @@ def validate_config(config) -> None:
             fail(f"vllm.kv_cache_gib={c.vllm.kv_cache_gib} must be > 0 (GiB of KV cache)")
         if c.vllm.dtype not in ("", "float32", "bfloat16", "float16"):
             fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype), 'float32', 'bfloat16' or 'float16'")
-        if jax.process_count() > 1:
-            fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
         filtered = c.top_p < 1.0 or c.top_k > 0
         if (c.old_logprobs == "sampler" or c.algorithm_name == "async_ppo") and (filtered or c.temperature != 1.0):
             fail(
@@ -164,14 +172,22 @@ def validate_config(config) -> None:
         fail(f"unknown warmstart.targets {c.warmstart.targets!r}; expected 'teacher' or 'answer'")
     if not 0.0 <= c.warmstart.slip_rate <= 1.0:
         fail(f"warmstart.slip_rate={c.warmstart.slip_rate} must be a probability in [0, 1]")
+    for name in ("heartbeat_timeout_s", "join_timeout_s"):
+        if c[name] < 1:
+            fail(f"{name}={c[name]} must be >= 1 (seconds)")
+
+
+def validate_placement(config) -> None:
+    """The checks against the processes and devices this run has (these start JAX's backend)."""
+    c = config
+    if jax.process_count() > 1 and c.sampler == "vllm":
+        fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
     if jax.process_count() > 1 and (c.algorithm_name == "async_ppo" or c.env_name):
         fail(
             f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r} runs in one process only: across "
             f"{jax.process_count()} processes every process must issue the same device programs in the same order, "
             "which async_ppo's generator thread and the multi-turn episodes do not guarantee yet"
         )
-    if c.heartbeat_timeout_s < 1:
-        fail(f"heartbeat_timeout_s={c.heartbeat_timeout_s} must be >= 1 (seconds)")
     try:
         sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
     except (sharding.MeshError, ValueError) as error:

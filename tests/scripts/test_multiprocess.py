@@ -17,6 +17,7 @@ from safetensors.numpy import load_file
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 GRADER_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_grader_worker.py")
+LATE_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_late_train.py")
 
 # A short offline run on a (dp=1, fsdp=2, tp=2) mesh. The tiny model is not warm-started long enough to answer,
 # so the verifier's rewards are all 0: entropy_coef and a large lr make the update move the weights anyway.
@@ -181,29 +182,60 @@ def test_grading_is_shared_out_and_gathered_in_order(tmp_path):
     assert shares[0]["rewards"] == shares[1]["rewards"] == shares[0]["expected_rewards"]
 
 
-def test_bad_input_stops_every_process_with_the_same_message(tmp_path):
-    outputs = finish(launch(TRAIN, [f"--config.run_dir={tmp_path / 'run'}", "--config.algorithm_name=nope"]))
+MISSING_DATA = ["--config.dataset_name=math500", "--config.dataset_path=/nonexistent/math500.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "bad, expected, joined",
+    [
+        # refused before the processes join
+        (["--config.algorithm_name=nope"], "unknown algorithm_name 'nope'", False),
+        # found after they joined (the data are read then): process 0, which hosts jax.distributed's coordination
+        # service, must not take it down while the other is still stopping (that aborted it: SIGABRT, not 2)
+        (MISSING_DATA, "/nonexistent/math500.jsonl", True),
+    ],
+    ids=["config", "data"],
+)
+def test_bad_input_stops_every_process_with_the_same_message(tmp_path, bad, expected, joined):
+    outputs = finish(launch(LATE_TRAIN, [f"--config.run_dir={tmp_path / 'run'}", *bad]))  # process 1 late
     messages = set()
     for code, out, err in outputs:
         assert code == 2, err[-2000:]
-        messages.add(re.sub(r"process \d", "process N", err.strip().splitlines()[-1]))
-    assert len(messages) == 1 and "unknown algorithm_name 'nope'" in messages.pop()
+        assert ("joins the others" in err) == joined
+        messages.add(re.sub(r" \(process \d of 2\)", "", err.strip().splitlines()[-1]))
+    assert len(messages) == 1 and expected in messages.pop()
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_a_process_alone_with_bad_input_stops_the_other(tmp_path):
-    """Process 1 fails on its input; process 0 goes on to its first collective, where it would wait forever: it is
-    aborted within the heartbeat timeout instead, its log naming process 1."""
+def test_a_process_alone_with_bad_data_stops_the_other(tmp_path):
+    """Process 1 fails on its data, after the processes joined; process 0 goes on to its first collective, where
+    it would wait forever: it is aborted within the heartbeat timeout instead, its log naming process 1."""
     start = time.monotonic()
     workers = launch(
         TRAIN,
         [f"--config.run_dir={tmp_path / 'run'}", *SHORT_RUN, "--config.heartbeat_timeout_s=5"],
+        per_process_args={1: MISSING_DATA},
+    )
+    (code0, _, err0), (code1, _, err1) = finish(workers, timeout=240)
+    assert code1 == 2 and "/nonexistent/math500.jsonl" in err1
+    assert code0 != 0 and time.monotonic() - start < 200
+    assert re.search(r"stopped sending heartbeats\):\s*1\b", err0), err0[-2000:]
+
+
+def test_a_process_alone_with_a_bad_config_stops_the_other(tmp_path):
+    """Process 1 refuses its config before joining; process 0 waits for it to join for join_timeout_s, then stops
+    (jax.distributed aborts it), its log saying what it waited for."""
+    start = time.monotonic()
+    workers = launch(
+        TRAIN,
+        [f"--config.run_dir={tmp_path / 'run'}", *SHORT_RUN, "--config.join_timeout_s=5"],
         per_process_args={1: ["--config.lr=-1"]},
     )
     (code0, _, err0), (code1, _, err1) = finish(workers, timeout=240)
-    assert code1 == 2 and "lr=-1" in err1
-    assert code0 != 0 and time.monotonic() - start < 200
-    assert re.search(r"stopped sending heartbeats\):\s*1\b", err0), err0[-2000:]
+    assert code1 == 2 and "lr=-1" in err1 and "joins the others" not in err1  # it never tried to join
+    assert code0 != 0 and time.monotonic() - start < 120
+    assert "process 0 of 2 joins the others" in err0 and "join_timeout_s=5" in err0, err0[-2000:]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
