@@ -5,7 +5,8 @@
 
 Column c of every result scores token c, from the logits at column c - 1 (the layout of `Rollouts.to_batch`).
 With a packing plan the rows run packed (whole sequences first-fit into rows, attending within their segment)
-and come back in the padded layout; `chunk_rows` rows at a time bound the memory of the `[rows, L, V]` logits.
+and come back in the padded layout. No pass forms a batch's `[rows, L, V]` logits: they are made from the final
+hidden states a chunk of positions at a time (`hidden_logprobs`); `chunk_rows` rows at a time bound the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from flax import nnx
 
 from mathrl_jax import losses
 
+# Positions x vocabulary entries of one chunk of logits in `hidden_logprobs`: 64 MiB of float32 (110 positions
+# at Qwen's V = 151,936), whatever the batch; the whole `[N, L, V]` logits of a batch are never formed.
+LOGIT_CHUNK_ELEMENTS = 2**24
+
 
 def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
     """(log-prob, entropy) `[N, L]` with column c scoring token c from the logits at c - 1; column 0 is 0."""
@@ -27,11 +32,31 @@ def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float
     return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
 
+def hidden_logprobs(model, hidden: jax.Array, input_ids: jax.Array, temperature: float = 1.0):
+    """`shifted_logprobs` from the final hidden states `[N, L, D]`, through `losses.token_logprobs_from_hidden`:
+    a chunk of LOGIT_CHUNK_ELEMENTS logits at a time, recomputed in the backward pass. The unembedding runs in
+    the model's compute dtype, as its `logits_from_hidden` does."""
+    weight, layout = model.unembedding()
+    vocab = weight.shape[1 if layout == "dv" else 0]
+    logp, entropy = losses.token_logprobs_from_hidden(
+        hidden[:, :-1],
+        weight.astype(hidden.dtype),
+        input_ids[:, 1:],
+        temperature=temperature,
+        chunk_size=max(8, min(512, LOGIT_CHUNK_ELEMENTS // vocab)),
+        weight_layout=layout,
+    )
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logp, pad), jnp.pad(entropy, pad)
+
+
 def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None):
     """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes. With `packing`
-    (`segment_ids`, `positions`), `input_ids` are packed rows, scored within their sequences."""
-    logits, _ = nnx.merge(graphdef, params)(input_ids, **_model_inputs(attention_mask, packing))
-    return shifted_logprobs(logits, input_ids, temperature)
+    (`segment_ids`, `positions`), `input_ids` are packed rows, scored within their sequences. The logits are
+    made a chunk at a time from the final hidden states (`hidden_logprobs`)."""
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(input_ids, return_hidden=True, **_model_inputs(attention_mask, packing))
+    return hidden_logprobs(model, hidden, input_ids, temperature)
 
 
 def critic_values(graphdef, params, input_ids, attention_mask, packing=None):
@@ -61,7 +86,7 @@ def unpack(packed: jax.Array, packing: Dict[str, jax.Array]) -> jax.Array:
 
 def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
     """`fn(params, *arrays [N, ...]) -> [N, ...]` computed `chunk_rows` rows at a time (a `lax.scan` over
-    `[N / chunk_rows, chunk_rows, ...]`), so the `[rows, L, V]` logits of one chunk are all that is live at
+    `[N / chunk_rows, chunk_rows, ...]`), so the activations of one chunk are all that is live at
     once. Rows are independent, so the result is the same; None, or N not a multiple, runs all rows at once.
     With `live` (`[N]` bool), a chunk with no live row is not computed: its result is zeros."""
 
