@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
     # --- model -------------------------------------------------------------------------
     config.model_name_or_path = ""  # a local HF checkpoint; "" = the tiny offline model (written to run_dir)
     config.prm_model_name_or_path = ""  # a local PRM checkpoint (stepwise rewards); "" = none
+    # Mixed precision as verl, TRL and AReaL: `param_dtype` holds the master weights and AdamW's moments (keep
+    # float32: an lr of 1e-6 moves bfloat16 weights not at all), `dtype` the compute (bfloat16 at real sizes).
+    # Checkpoints and final_model keep param_dtype (scripts/export_hf.py --dtype bfloat16 halves an export);
+    # vLLM gets vllm.dtype (default: dtype) at every sync.
     config.param_dtype = "float32"
     config.dtype = "float32"
     config.remat = False
@@ -53,6 +57,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- rollout -----------------------------------------------------------------------
     config.sampler = "jax"  # jax | vllm
+    # The JAX sampler (sampler="jax", and the warm-start's evaluations): kv_cache_gib bounds the KV cache of one
+    # prefill + decode; a batch over it runs in sub-batches of prompts (same samples). An out-of-memory names it.
+    config.jax_sampler = ml_collections.ConfigDict({"kv_cache_gib": 16.0})
     # The vLLM engine (sampler="vllm"; docs/vllm.md). kv_cache_gib: the KV cache's size, host memory on vLLM's CPU
     # build, GPU memory on a GPU; it bounds the tokens in flight, not a request's length. dtype: the engine's
     # weights and compute, "" = config.dtype (a bfloat16 engine beside a float32 trainer: consider tis_cap).

@@ -23,8 +23,8 @@ def get_config():
     config.prompt_template = "chat"
     config.max_prompt_length = 1024
     config.max_new_tokens = 3072
-    config.param_dtype = "bfloat16"
-    config.dtype = "bfloat16"
+    config.param_dtype = "float32"  # master weights and AdamW moments: a 1e-6 step is below bf16's resolution
+    config.dtype = "bfloat16"  # compute
     config.remat = True
     config.n_rollout_threads = 128
     config.group_size = 8

@@ -12,6 +12,8 @@ Shapes are bucketed (prompt length and completion length to powers of two, the
 number of prompts to a power of two) so a training run compiles a handful of
 programs, not one per step. Finished rows keep running in the batch (their
 tokens are discarded and their lengths stop counting) until every row is done.
+The prefill attends over the prompt width only; with `kv_cache_gib` a batch
+whose cache would not fit runs in sub-batches of prompts.
 
 Stop strings need text, so with `SamplingParams.stop` the decode runs in chunks
 of `stop_check_interval` tokens and the host checks the new text between chunks.
@@ -37,6 +39,12 @@ from mathrl_jax.sharding.distributed import fetch
 from mathrl_jax.sharding.rules import constrain_batch, constrain_kv_cache
 
 RUNNING, STOPPED, LENGTH = 0, 1, 2
+
+
+class SamplerMemoryError(MemoryError):
+    """The device ran out of memory generating; the message names the option that bounds it."""
+
+
 MAX_STOP_TOKENS = 8  # stop-token ids travel as a fixed-size array, so their number does not recompile
 
 
@@ -85,22 +93,25 @@ def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int
     model = nnx.merge(graphdef, state)
     config = model.config
     num_prompts, prompt_len = prompt_ids.shape
-    cache = init_cache(config, num_prompts, cache_length)
+    # The prompts attend over their own width only: a cache of P slots, widened to P + G for the decode after.
+    cache = init_cache(config, num_prompts, prompt_len)
     cache = KVCache(*(tuple(constrain_kv_cache(a) for a in part) for part in cache))
-    cache_mask = jnp.zeros((num_prompts, cache_length), jnp.int32).at[:, :prompt_len].set(prompt_mask)
     positions = default_positions(prompt_mask)
     hidden, cache = model(
-        prompt_ids, attention_mask=cache_mask, positions=positions, cache=cache, cache_index=0, return_hidden=True
+        prompt_ids, attention_mask=prompt_mask, positions=positions, cache=cache, cache_index=0, return_hidden=True
     )
+    cache_mask = jnp.zeros((num_prompts, cache_length), jnp.int32).at[:, :prompt_len].set(prompt_mask)
     # Left padding puts every prompt's last token in the last column.
     last_logits = model.logits_from_hidden(hidden[:, -1:])[:, 0].astype(jnp.float32)
 
     def repeat(x):
         return constrain_batch(jnp.repeat(x, samples_per_prompt, axis=0))
 
-    cache = KVCache(
-        *(tuple(constrain_kv_cache(jnp.repeat(a, samples_per_prompt, axis=0)) for a in part) for part in cache)
-    )
+    def widen(a):  # [U, K, P, d] -> [U * n, K, P + G, d]
+        a = jnp.pad(a, ((0, 0), (0, 0), (0, cache_length - prompt_len), (0, 0)))
+        return constrain_kv_cache(jnp.repeat(a, samples_per_prompt, axis=0))
+
+    cache = KVCache(*(tuple(widen(a) for a in part) for part in cache))
     return dict(
         last_logits=repeat(last_logits),
         cache=cache,
@@ -183,9 +194,10 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
     return jax.lax.while_loop(cond, body, carry)
 
 
-def row_keys(seed, num_rows: int) -> jax.Array:
-    """One key per row from (seed, row index): a row's draws do not depend on the batch around it."""
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
+def row_keys(seed, num_rows: int, first_row=0) -> jax.Array:
+    """One key per row from (seed, row index): a row's draws do not depend on the batch around it, nor on the
+    sub-batch it runs in (rows `first_row, ..., first_row + num_rows - 1` of the whole batch)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), first_row + jnp.arange(num_rows))
 
 
 _row_keys = jax.jit(row_keys, static_argnums=1)
@@ -206,6 +218,10 @@ class JaxSampler:
       rules: partition rules for the params on `mesh` (default: the Qwen rules).
       min_prompt_bucket, min_generation_bucket: smallest length buckets.
       stop_check_interval: decode chunk (tokens) between host checks of stop strings.
+      kv_cache_gib: bound on the KV cache of one prefill + decode; a batch whose cache would exceed it runs in
+        sub-batches of a power-of-two number of prompts (the same programs each, the same samples as one
+        call). None: the whole batch at once. Running out of device memory raises `SamplerMemoryError`,
+        which names this option.
     """
 
     def __init__(
@@ -221,6 +237,7 @@ class JaxSampler:
         min_generation_bucket: int = 16,
         stop_check_interval: int = 32,
         policy_version: int = 0,
+        kv_cache_gib: Optional[float] = None,
     ):
         self.config = model.config
         self.graphdef, state = nnx.split(model)
@@ -239,6 +256,9 @@ class JaxSampler:
         self.min_prompt_bucket = min_prompt_bucket
         self.min_generation_bucket = min_generation_bucket
         self.stop_check_interval = stop_check_interval
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"JaxSampler: kv_cache_gib={kv_cache_gib} must be > 0 (GiB), or None")
+        self.kv_cache_gib = kv_cache_gib
         self._seed_rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
         # One generate at a time, and weights never swapped in the middle of one (asynchronous training
         # calls update_weights from the learner thread while a generator thread samples).
@@ -283,11 +303,11 @@ class JaxSampler:
         except TypeError:  # a `tokenizers.Tokenizer`
             return self.tokenizer.decode(list(ids))
 
-    def _row_keys(self, seed: int, num_rows: int) -> jax.Array:
+    def _row_keys(self, seed: int, num_rows: int, first_row: int = 0) -> jax.Array:
         """`row_keys`, as one compiled program for the seeds an int32 holds (it keys exactly as the Python int)."""
         if 0 <= seed < 2**31:
-            return _row_keys(jax.device_put(np.int32(seed)), num_rows)
-        return row_keys(seed, num_rows)
+            return _row_keys(jax.device_put(np.int32(seed)), num_rows, jax.device_put(np.int32(first_row)))
+        return row_keys(seed, num_rows, first_row)
 
     def generate(self, prompts: Sequence[Union[str, Sequence[int]]], params: SamplingParams) -> Rollouts:
         """Samples `params.n` completions per prompt (token ids, or strings with a tokenizer)."""
@@ -303,11 +323,64 @@ class JaxSampler:
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
         if len(stop_ids) > MAX_STOP_TOKENS:
             raise ValueError(f"at most {MAX_STOP_TOKENS} stop token ids are supported, got {len(stop_ids)}: {stop_ids}")
-
-        num_prompts, n = len(prompt_ids), params.n
+        # One prompt bucket for every sub-batch: they all run the same programs.
         prompt_bucket = bucket(max(len(p) for p in prompt_ids), self.min_prompt_bucket)
         generation_bucket = bucket(params.max_new_tokens, self.min_generation_bucket)
-        prompt_rows = bucket(num_prompts, 1)
+        seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, 2**31 - 1))
+        per_call = self.prompts_per_call(len(prompt_ids), params.n, prompt_bucket + generation_bucket)
+        parts = []
+        for start in range(0, len(prompt_ids), per_call):
+            try:
+                parts.append(
+                    self._generate_part(
+                        prompt_ids[start : start + per_call], params, stop_ids, seed, start, prompt_bucket, per_call
+                    )
+                )
+            except (jax.errors.JaxRuntimeError, MemoryError) as error:  # device memory, or the host's for the rows
+                if isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" not in str(error):
+                    raise
+                raise SamplerMemoryError(
+                    f"JaxSampler: out of device memory generating {min(per_call, len(prompt_ids))} prompts x "
+                    f"{params.n} samples of {prompt_bucket} + {generation_bucket} cache slots, "
+                    f"{self.kv_cache_bytes(1, prompt_bucket + generation_bucket) / 2**20:.1f} MiB of KV cache per "
+                    f"row: lower kv_cache_gib (now {self.kv_cache_gib}; --config.jax_sampler.kv_cache_gib in "
+                    f"scripts/train.py), which bounds the rows decoded at once ({str(error).splitlines()[0]})"
+                ) from error
+        return Rollouts(
+            prompt_ids=[p for part in parts for p in part.prompt_ids],
+            completion_ids=[c for part in parts for c in part.completion_ids],
+            logprobs=[x for part in parts for x in part.logprobs],
+            policy_logprobs=[x for part in parts for x in part.policy_logprobs],
+            finish_reasons=[r for part in parts for r in part.finish_reasons],
+            stop_reasons=[r for part in parts for r in part.stop_reasons],
+            prompt_indices=np.repeat(np.arange(len(prompt_ids), dtype=np.int32), params.n),
+            policy_version=self.policy_version,
+            texts=None if self.tokenizer is None else [t for part in parts for t in part.texts],
+        )
+
+    def kv_cache_bytes(self, rows: int, slots: int) -> int:
+        """Bytes of the KV cache of `rows` rows of `slots` slots (every layer's keys and values)."""
+        c = self.config
+        per_slot = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * jnp.dtype(c.jnp_dtype).itemsize
+        return rows * slots * per_slot
+
+    def prompts_per_call(self, num_prompts: int, n: int, slots: int) -> int:
+        """How many prompts (of `n` samples, `slots` cache slots each) one prefill + decode takes: all of them,
+        or with `kv_cache_gib` the largest power of two whose cache fits it (at least 1)."""
+        if self.kv_cache_gib is None:
+            return num_prompts
+        fit = int(self.kv_cache_gib * 2**30 // self.kv_cache_bytes(n, slots))
+        return max(1, min(num_prompts, 1 << (max(fit, 1).bit_length() - 1)))
+
+    def _generate_part(
+        self, prompt_ids, params: SamplingParams, stop_ids, seed: int, first_prompt: int, prompt_bucket, per_call
+    ):
+        """`generate` of prompts `first_prompt, ...` of a batch in one prefill and decode: their rows draw the
+        keys they draw in the whole batch. A batch's last sub-batch is padded to `per_call` prompts, so every
+        sub-batch runs the same programs."""
+        num_prompts, n = len(prompt_ids), params.n
+        generation_bucket = bucket(params.max_new_tokens, self.min_generation_bucket)
+        prompt_rows = bucket(per_call, 1)
         if self.mesh is not None:  # rows must divide over the batch axes
             shards = self.mesh.shape.get("dp", 1) * self.mesh.shape.get("fsdp", 1)
             prompt_rows = max(prompt_rows, bucket(-(-shards // n), 1))
@@ -320,7 +393,6 @@ class JaxSampler:
         mask[num_prompts:, -1] = 1
         rows = prompt_rows * n
 
-        seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, 2**31 - 1))
         with self._mesh_context():
             decode_state = self._prefill(
                 self.state,
@@ -329,6 +401,8 @@ class JaxSampler:
                 samples_per_prompt=n,
                 cache_length=prompt_bucket + generation_bucket,
             )
+            # Waited for here: a cache that does not fit fails now (`SamplerMemoryError`), not at a later use.
+            jax.block_until_ready(decode_state)
             finish = np.full((rows,), RUNNING, np.int32)
             finish[num_prompts * n :] = STOPPED  # padding rows never run
             # Built in numpy and put on the device in one go: `jnp.full`, `jnp.asarray` of numpy and the like each
@@ -356,7 +430,7 @@ class JaxSampler:
                     stop_ids=np.asarray(stop_ids + [-1] * (MAX_STOP_TOKENS - len(stop_ids)), np.int32),
                 )
             )
-            keys = self._row_keys(seed, rows)
+            keys = self._row_keys(seed, rows, first_prompt * n)
             use_filter = params.top_k > 0 or params.top_p < 1.0
             chunk = self.stop_check_interval if params.stop else params.max_new_tokens
             stop_strings, settled = [None] * rows, [False] * rows

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -130,6 +130,22 @@ def update_config(config) -> update_lib.UpdateConfig:
     return dataclasses.replace(cfg, skip_zero_advantage=bool(skip))
 
 
+def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The `state.make_optimizer` arguments of the policy and of the critic: AdamW over the params, in their
+    dtype (`param_dtype`, the master precision), with the run's schedule counted in optimizer steps."""
+    policy = dict(
+        learning_rate=config.lr,
+        schedule=config.lr_schedule,
+        warmup_steps=config.warmup_steps,
+        total_steps=max(1, num_iterations(config) * config.ppo_epoch * config.num_mini_batch),
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        eps=config.adam_eps,
+    )
+    critic = dict(learning_rate=config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps)
+    return policy, critic
+
+
 def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
     validate_config(config)
@@ -173,7 +189,12 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
             num_workers=config.reward.num_workers,
         )
     )
-    sampler_args = dict(eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
+    sampler_args = dict(
+        eos_token_ids=[codec.eos_token_id],
+        pad_token_id=codec.pad_token_id,
+        tokenizer=codec,
+        kv_cache_gib=config.jax_sampler.kv_cache_gib,
+    )
     start_dir, warm_metrics = warm_start(
         config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
     )
@@ -186,25 +207,16 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     total = num_iterations(config)
     alg = config.algorithm_name
     needs_critic = algorithms.ALGORITHMS[alg].critic
-    optimizer_settings = dict(
-        learning_rate=config.lr,
-        schedule=config.lr_schedule,
-        warmup_steps=config.warmup_steps,
-        total_steps=max(1, total * config.ppo_epoch * config.num_mini_batch),
-        weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm,
-        eps=config.adam_eps,
-    )
+    optimizer_settings, critic_optimizer_settings = optimizer_settings_of(config)
     optimizer = state_lib.make_optimizer(**optimizer_settings)
-    critic_graphdef = critic_params = critic_optimizer = critic_optimizer_settings = None
+    critic_graphdef = critic_params = critic_optimizer = None
     if needs_critic:
         critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
-        critic_optimizer_settings = dict(
-            learning_rate=config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
-        )
         critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings)
+    else:
+        critic_optimizer_settings = None
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )

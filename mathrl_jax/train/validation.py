@@ -128,6 +128,8 @@ def validate_settings(config) -> None:
             f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
             f"{c.temperature}, algorithm_name={c.algorithm_name!r}, env_name={c.env_name!r}"
         )
+    if not c.jax_sampler.kv_cache_gib > 0:
+        fail(f"jax_sampler.kv_cache_gib={c.jax_sampler.kv_cache_gib} must be > 0 (GiB of KV cache)")
     if c.sampler == "vllm":
         if not c.vllm.kv_cache_gib > 0:
             fail(f"vllm.kv_cache_gib={c.vllm.kv_cache_gib} must be > 0 (GiB of KV cache)")

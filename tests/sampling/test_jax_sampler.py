@@ -13,7 +13,7 @@ from scipy import stats
 from mathrl_jax import sharding as S
 from mathrl_jax.models import QwenForCausalLM, char_tokenizer, tiny_config
 from mathrl_jax.sampling import JaxSampler, Rollouts, SamplingParams, filter_logits
-from mathrl_jax.sampling.jax_sampler import decode, prefill
+from mathrl_jax.sampling.jax_sampler import SamplerMemoryError, decode, prefill
 
 CONFIG = tiny_config(num_hidden_layers=2)
 PROMPTS = [[5, 17, 33, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13]]
@@ -306,3 +306,48 @@ def test_a_remat_model_samples_as_the_plain_one():
     assert [list(c) for c in got.completion_ids] == [list(c) for c in want.completion_ids]
     for a, b in zip(got.policy_logprobs, want.policy_logprobs):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_kv_cache_budget_runs_sub_batches_that_sample_as_the_whole_batch():
+    """With `kv_cache_gib` below the batch's cache, the prompts run a power-of-two number at a time; every row
+    draws what it draws in one call (its keys come from its row in the whole batch)."""
+    model = peaked_model()
+    prompts = PROMPTS * 3  # 9 prompts
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, n=2, seed=3)
+    whole = JaxSampler(model, pad_token_id=0).generate(prompts, params)
+    slots = 16 + 16  # the minimum prompt and generation buckets
+    probe = JaxSampler(model, pad_token_id=0)
+    sampler = JaxSampler(model, pad_token_id=0, kv_cache_gib=probe.kv_cache_bytes(2 * 2 + 1, slots) / 2**30)
+    assert sampler.prompts_per_call(len(prompts), 2, slots) == 2
+    calls = []
+    prefill_program = sampler._prefill
+    sampler._prefill = lambda *a, **k: calls.append(a[1].shape) or prefill_program(*a, **k)
+    split = sampler.generate(prompts, params)
+    assert calls == [(2, 16)] * 5  # 2 + 2 + 2 + 2 + 1 prompts, the last padded to the same shape
+    assert split.completion_ids == whole.completion_ids
+    assert split.finish_reasons == whole.finish_reasons
+    np.testing.assert_array_equal(split.prompt_indices, whole.prompt_indices)
+    for a, b in zip(split.logprobs + split.policy_logprobs, whole.logprobs + whole.policy_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_prefill_attends_over_the_prompt_width_only():
+    """The prefill's cost does not grow with the generation bucket: the prompts attend over their own P slots,
+    not the P + G of the cache the decode fills."""
+    graphdef, state = nnx.split(peaked_model())
+    ids = jnp.ones((2, 16), jnp.int32)
+
+    def flops(generation_bucket):
+        lowered = prefill.lower(
+            state, ids, ids, graphdef=graphdef, samples_per_prompt=1, cache_length=16 + generation_bucket
+        )
+        return lowered.compile().cost_analysis()["flops"]
+
+    assert flops(2048) < 1.01 * flops(16)
+
+
+def test_running_out_of_device_memory_names_the_option_that_bounds_it():
+    sampler = JaxSampler(peaked_model(), pad_token_id=0)
+    slots = 2**50 // sampler.kv_cache_bytes(1, 1)  # a cache of a PiB per row: no allocator grants it
+    with pytest.raises(SamplerMemoryError, match=r"kv_cache_gib \(now None"):
+        sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_new_tokens=int(slots)))
