@@ -63,7 +63,10 @@ def prepare_batch(
         )
         row_mask = keep.astype(np.float32)
         metrics["dapo/kept_fraction"] = float(keep.mean())
-    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=batch_columns(c, rollouts))
+    # The widest batch so far at least: the passes and the update compile once per growth, not per batch.
+    width = max(batch_columns(c, rollouts), run.shape_floors.get("width", 0))
+    run.shape_floors["width"] = width
+    arrays = rollouts.to_batch(run.codec.pad_token_id, max_length=width)
     arrays.pop("prompt_length")
     sampler_logprobs = arrays.pop("sampler_logprobs")
     batch = jax.device_put({k: v for k, v in arrays.items() if k != "old_logprobs"})  # int32 / float32 already
@@ -72,12 +75,15 @@ def prepare_batch(
     passes_run = not from_sampler or run.ref_params is not None or run.values is not None
     plan = None
     if shape is not None and passes_run:  # no pass to pack when the old log-probs are the sampler's alone
+        floor = f"passes/{shape['row_tokens']}/{shape['max_rows_per_micro']}"
         plan = packing.plan_passes(
             arrays["attention_mask"],
             shape["row_tokens"],
             max_rows_per_chunk=shape["max_rows_per_micro"],
             rows_multiple=shape["rows_multiple"],
+            min_shape=run.shape_floors.get(floor),
         )
+        run.shape_floors[floor] = list(packing.plan_shape(plan))  # JSON, in the checkpoint's metadata
         plan = jax.device_put(plan)
     inputs = (batch["input_ids"], batch["attention_mask"], plan)
     with mesh_context(run):
@@ -208,14 +214,18 @@ def with_update_plan(run: Run, batch: Dict[str, Any], shape: Optional[Dict[str, 
     if shape is None:
         return batch
     c = run.config
-    return update_lib.with_packing(
+    floor = f"update/{shape['row_tokens']}/{shape['max_rows_per_micro']}"
+    batch = update_lib.with_packing(
         batch,
         run.state.rng,
         epochs=c.ppo_epoch,
         num_mini_batches=c.num_mini_batch,
         skip_zero_advantage=run.skip_zero_advantage,
+        min_shape=run.shape_floors.get(floor),
         **shape,
     )
+    run.shape_floors[floor] = list(packing.plan_shape(batch[update_lib.PACKED]))
+    return batch
 
 
 @contextlib.contextmanager

@@ -254,12 +254,15 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     )
     start_iteration = 0
     pending: List[Dict[str, Any]] = []
+    shape_floors: Dict[str, Any] = {}
     if config.resume and checkpointer.latest_step() is not None:
         _check_resumed_config(config, run_dir)
         state, metadata = checkpointer.restore(state)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
         pending = metadata.get(PENDING_KEY) or []
+        # The batch shapes the run had grown to: a resumed run pads and packs as the uninterrupted one.
+        shape_floors = dict(metadata.get(SHAPES_KEY) or {})
     distributed.on_main_process("config.json", lambda: _write_config(config, run_dir))
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
@@ -290,6 +293,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         prm=prm,
         model_dir=start_dir,
         pending_rollouts=pending,
+        shape_floors=shape_floors,
     )
 
 
@@ -299,6 +303,7 @@ def _write_config(config, run_dir: str) -> None:
 
 
 PENDING_KEY = "pending_rollouts"
+SHAPES_KEY = "shape_floors"
 """Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
 
 

@@ -29,7 +29,7 @@ from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train.async_loop import AsyncRollouts
 from mathrl_jax.train.batch import mesh_context, prepare_batch, shuffled_rewards
-from mathrl_jax.train.build import PENDING_KEY, build_run
+from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples
 from mathrl_jax.train.metrics import Progress
@@ -167,7 +167,12 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
 def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Dict[str, Any]]] = None) -> bool:
     """Checkpoints the state after `iteration`, with the data position and the batches a generator `pending`
     had made ahead (`SyncRollouts.pending`)."""
-    metadata = {"data": run.data_state or run.loader.state(), "iteration": iteration, PENDING_KEY: pending or []}
+    metadata = {
+        "data": run.data_state or run.loader.state(),
+        "iteration": iteration,
+        PENDING_KEY: pending or [],
+        SHAPES_KEY: dict(run.shape_floors),
+    }
     return run.checkpointer.save(iteration, run.state, metadata, force=force)
 
 

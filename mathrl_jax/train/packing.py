@@ -102,6 +102,17 @@ def token_extents(attention_mask: np.ndarray, response_mask: Optional[np.ndarray
     return first, counts
 
 
+def plan_shape(plan: Dict[str, np.ndarray]) -> Tuple[int, ...]:
+    """The dimensions a plan was made with, to pass as the next plan's `min_shape`: (A, R, K) of `plan_update`'s,
+    (C, R) of `plan_passes`' chunked plans, (P,) of its unchunked ones."""
+    source = plan["source"]
+    if "rows" in plan:
+        return (source.shape[1], source.shape[2], plan["rows"].shape[2])
+    if source.ndim == 3:
+        return (source.shape[0], source.shape[1])
+    return (source.shape[0], 1)
+
+
 def _layout(
     groups: Sequence[Sequence[int]],
     slots: Sequence[int],
@@ -137,19 +148,25 @@ def plan_passes(
     *,
     max_rows_per_chunk: Optional[int] = None,
     rows_multiple: int = 1,
+    min_shape: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, np.ndarray]:
     """Every row of an `[N, L]` batch packed into `[P, row_tokens]` rows (P a `bucket_count`, a multiple of
     `rows_multiple`, the data-parallel shards), with `unpack [N, L]`. With `max_rows_per_chunk` (the update's
     micro-batch budget), the rows are `[C, R, T]`: the passes run a chunk of R rows at a time
-    (`rows_per_micro_batch`), C a `bucket_count`, skipping the empty chunks."""
+    (`rows_per_micro_batch`), C a `bucket_count`, skipping the empty chunks.
+
+    `min_shape`: (C, R) at least (P, 1 without chunks), e.g. `plan_shape` of the run's previous plans (R within
+    the same budget), so a run's plans only grow: one compiled pass per growth, not per batch."""
     first, counts = token_extents(attention_mask)
     rows = [int(r) for r in np.flatnonzero(counts > 0)]
     groups = [[rows[i] for i in group] for group in first_fit(counts[rows], row_tokens)]
+    min_chunks, min_rows = min_shape or (1, 1)
     if max_rows_per_chunk:
         rows_per_chunk = rows_per_micro_batch([len(groups)], max_rows_per_chunk, row_tokens, rows_multiple)
-        num_rows = bucket_count(-(-len(groups) // rows_per_chunk)) * rows_per_chunk
+        rows_per_chunk = max(rows_per_chunk, min_rows)
+        num_rows = max(bucket_count(-(-len(groups) // rows_per_chunk)), min_chunks) * rows_per_chunk
     else:
-        num_rows = bucket_count(len(groups), rows_multiple)
+        num_rows = max(bucket_count(len(groups), rows_multiple), min_chunks)
     width = attention_mask.shape[1]
     plan = _layout(groups, list(range(len(counts))), first, counts, width, num_rows, row_tokens)
     if max_rows_per_chunk:
@@ -168,6 +185,7 @@ def plan_update(
     rows_multiple: int = 1,
     response_mask: Optional[np.ndarray] = None,
     shape_rows: Optional[np.ndarray] = None,
+    min_shape: Optional[Tuple[int, int, int]] = None,
 ) -> Dict[str, np.ndarray]:
     """The update's packed micro-batches.
 
@@ -187,6 +205,9 @@ def plan_update(
         one that trains them all. Without a token budget, a full step's rows are cut into `SHAPED_MICRO_BATCHES`
         micro-batches: a step with fewer rows to train computes fewer of them (the others are empty, and
         skipped).
+      min_shape: (A, R, K) at least, e.g. `plan_shape` of the run's previous plans with the same budget: a
+        run's plans then only grow, and the update compiles once per growth, not per batch (an empty
+        micro-batch is skipped, so a larger A costs little; R stays within the budget it came from).
 
     Returns:
       `source`, `segment_ids`, `positions` `[S, A, R, T]`; `rows` `[S, A, K]` (padded row of each loss-side
@@ -217,12 +238,14 @@ def plan_update(
         num_rows = bucket_count(max(max(n, 1) for n in full), rows_multiple)
     else:
         num_rows = rows_per_micro_batch(full, max_rows_per_micro, row_tokens, rows_multiple)
+    min_micro, min_rows, min_slots = min_shape or (1, 1, 1)
+    num_rows = max(num_rows, min_rows)
     steps: List[List[Tuple[List[List[int]], List[int]]]] = []  # per step, per micro-batch: (groups, sequences)
     for groups in step_groups:
         micro = [groups[i : i + num_rows] for i in range(0, len(groups), num_rows)] or [[]]
         steps.append([(g, [row for group in g for row in group]) for g in micro])
     # (First-fit of a subset can, rarely, take one row more than of the whole: hence the max with `needed`.)
-    num_micro = bucket_count(max(-(-max(n, m, 1) // num_rows) for n, m in zip(full, needed)))
+    num_micro = max(bucket_count(max(-(-max(n, m, 1) // num_rows) for n, m in zip(full, needed))), min_micro)
     # Loss-side slots per micro-batch: the whole minibatch without a token budget (one shape whatever the lengths:
     # the loss-side arrays are cheap, a recompile is not); with one and `shape_rows`, the most of a step's
     # `shape_rows` sequences that fit in a micro-batch's tokens (the shortest ones: a bound whichever of them
@@ -236,6 +259,7 @@ def plan_update(
         slots = min(bucket_count(fit), order.shape[1])
     else:
         slots = bucket_count(max(len(q) for s in steps for _, q in s))
+    slots = max(slots, min_slots)
     out = {
         "source": np.full((len(steps), num_micro, num_rows, row_tokens), -1, np.int32),
         "segment_ids": np.zeros((len(steps), num_micro, num_rows, row_tokens), np.int32),

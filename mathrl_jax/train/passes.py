@@ -132,7 +132,7 @@ def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
     def packed(params, input_ids, segment_ids, positions):
         return per_row(params, input_ids, None, dict(segment_ids=segment_ids, positions=positions))
 
-    def fn(params, input_ids, attention_mask, packing=None):
+    def trainer_pass(params, input_ids, attention_mask, packing=None):
         if packing is None:
             return _in_row_chunks(padded, chunk_rows)(params, input_ids, attention_mask)
         # `[chunks, rows, T]` plans (`packing.plan_passes(max_rows_per_chunk=...)`) run a chunk of rows at a time.
@@ -145,7 +145,7 @@ def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
         out = _in_row_chunks(packed, chunk)(params, ids, segment_ids, flat(packing["positions"]), live=live)
         return unpack(out, packing)
 
-    return jax.jit(fn)
+    return jax.jit(trainer_pass)
 
 
 def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None) -> Callable:

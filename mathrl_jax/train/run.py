@@ -47,3 +47,7 @@ class Run:
     prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
     pending_rollouts: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # resumed async batches
+    # High-water marks of the batch's shapes (its width, the packing plans' dimensions): a batch is planned at
+    # least as large as any before it, so the update and the passes compile once per growth, not per batch.
+    # Saved with each checkpoint, so a resumed run pads and packs as the uninterrupted one.
+    shape_floors: Dict[str, Any] = dataclasses.field(default_factory=dict)

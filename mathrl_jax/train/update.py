@@ -306,6 +306,7 @@ def with_packing(
     max_rows_per_micro: Optional[int] = None,
     rows_multiple: int = 1,
     skip_zero_advantage: bool = False,
+    min_shape: Optional[Tuple[int, int, int]] = None,
 ) -> Dict[str, Any]:
     """`batch` with a packing plan (`packing.plan_update`) under `PACKED`: the update then runs each
     minibatch of `minibatch_order(rng, rows, epochs, num_mini_batches)` (`rng`: the TrainState's, the one
@@ -313,7 +314,8 @@ def with_packing(
     at most `max_rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch).
 
     `skip_zero_advantage` leaves out of the plan the rows whose every advantage is 0 (pass the update's
-    `UpdateConfig.skip_zero_advantage`: an update without it would give those rows' metrics no value)."""
+    `UpdateConfig.skip_zero_advantage`: an update without it would give those rows' metrics no value).
+    `min_shape`: the plan's dimensions at least (`packing.plan_update`)."""
     keys = ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
     host = {k: np.asarray(batch[k]) for k in keys + (("advantages",) * skip_zero_advantage)}
     with_response = (host["response_mask"] > 0).any(axis=1)
@@ -334,6 +336,7 @@ def with_packing(
         rows_multiple=rows_multiple,
         response_mask=host["response_mask"],
         shape_rows=shape_rows,
+        min_shape=min_shape,
     )
     return {**batch, PACKED: jax.device_put(plan)}
 

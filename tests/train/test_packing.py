@@ -434,3 +434,62 @@ def test_which_rows_have_an_advantage_changes_neither_the_plans_shape_nor_a_step
     assert computed == sorted(computed, reverse=True) and computed[0] > computed[-2] and computed[-1] == 0
     cfg = UpdateConfig(num_mini_batches=2, skip_zero_advantage=True)
     assert "cond[" in str(jax.make_jaxpr(make_update_fn(graphdef, optax.sgd(0.1), cfg, donate=False))(state, plan))
+
+
+# --- a run's plans only grow --------------------------------------------------------------------------------
+
+
+def test_a_plan_grown_to_a_larger_shape_updates_and_scores_as_the_plain_one():
+    """`min_shape` only adds empty micro-batches, rows and slots: the update and the log-prob pass are the
+    plain plan's, to float rounding."""
+    batch = make_batch(9)
+    cfg = UpdateConfig(num_mini_batches=2, loss_agg_mode="seq-mean-token-mean")
+    packed = dict(row_tokens=24, max_rows_per_micro=2)
+    state = create_train_state(split("policy")[1], optax.sgd(0.1), seed=3)
+    plain = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, **packed)[PACKED]
+    micro, rows, slots = packing.plan_shape(plain)
+    grown = (micro + 3, rows, slots + 5)  # rows stay within the budget of 2
+    bigger = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, min_shape=grown, **packed)[PACKED]
+    assert packing.plan_shape(bigger) == grown
+    assert_same_update(run(cfg, batch, packed=packed), run(cfg, batch, packed=dict(packed, min_shape=grown)))
+    attention = np.asarray(batch["attention_mask"])
+    graphdef, params = split("policy")
+    logprobs = compute_logprobs_fn(graphdef, chunk_rows=2)
+    scores = []
+    for min_shape in (None, (7, 2)):
+        plan = packing.plan_passes(attention, 24, max_rows_per_chunk=2, min_shape=min_shape)
+        scores.append(logprobs(params, batch["input_ids"], batch["attention_mask"], jax.device_put(plan)))
+    assert packing.plan_shape(plan) == (7, 2)
+    mask = batch["attention_mask"] * jnp.roll(batch["attention_mask"], 1, axis=1)
+    np.testing.assert_allclose(np.asarray(scores[1] * mask), np.asarray(scores[0] * mask), rtol=1e-5, atol=1e-5)
+
+
+def test_plans_carrying_the_runs_largest_shape_take_few_shapes_over_many_batches():
+    """Forty batches of a GRPO run's size (256 rows, 4 minibatches, a budget of 4 packed rows of 512 tokens),
+    response lengths from a few tokens to the limit, their scale drifting from batch to batch, and half the
+    groups with no advantage: planned
+    each on its own, the update's plans take many shapes (a compile each); carrying the largest shape so far,
+    a handful, each one the previous grown."""
+    rng = np.random.default_rng(0)
+    rows, width, prompt = 256, 512, 96
+    shapes = {"alone": [], "carried": []}
+    floor = None
+    for it in range(40):
+        prompts = rng.integers(20, prompt, rows)
+        scale = rng.uniform(2.5, 5.5)  # the lengths drift over a run (R1-like growth, collapse), batch to batch
+        completions = np.minimum(rng.lognormal(scale, 0.9, rows).astype(int) + 1, width - prompt)
+        columns = np.arange(width)
+        attention = ((columns >= prompt - prompts[:, None]) & (columns < prompt + completions[:, None])).astype(int)
+        response = ((columns >= prompt) & (columns < prompt + completions[:, None])).astype(np.float32)
+        groups = np.repeat(rng.random(rows // 8) < 0.5, 8)
+        batch = dict(attention_mask=attention, response_mask=response, advantages=response * groups[:, None])
+        key = jax.random.key_data(jax.random.key(it))
+        settings = dict(epochs=1, num_mini_batches=4, row_tokens=width, max_rows_per_micro=4, skip_zero_advantage=True)
+        shapes["alone"].append(packing.plan_shape(with_packing(batch, key, **settings)[PACKED]))
+        plan = with_packing(batch, key, min_shape=floor, **settings)[PACKED]
+        floor = packing.plan_shape(plan)
+        shapes["carried"].append(floor)
+    alone, carried = len(set(shapes["alone"])), shapes["carried"]
+    assert alone >= 10  # what a run compiled before (18 here)
+    assert len(set(carried)) <= 6  # one per new largest batch (5 here)
+    assert all(all(b >= a for a, b in zip(x, y)) for x, y in zip(carried, carried[1:]))  # only grows
