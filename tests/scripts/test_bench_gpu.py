@@ -1,0 +1,142 @@
+"""scripts/bench_gpu.py --smoke (CPU, tiny shapes): every step runs and reports finite numbers that fit together
+(MFU from the two steps' rates, tokens/s ratios, the sync's copies, an iteration's split within its time); the
+report on disk is rewritten after each step while the run goes on, so a killed run leaves the finished steps; a
+step that raises, or runs over its budget, is recorded as failed with its error and the next step still runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+from mathrl_jax.models import hf, tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")
+STEPS = ["matmul", "update", "sampler", "sync", "grpo"]
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+SIGNED = {"loss"}  # the policy loss has either sign
+ZERO = {"skipped_updates"}  # a finite step is never skipped
+
+
+def numbers(value, key=""):
+    """(key, number) for every number in a nested JSON value (booleans are not numbers here)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from numbers(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from numbers(v, key)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, value
+
+
+def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
+    out, log = tmp_path / "out", tmp_path / "stdout.txt"
+    report_path = out / "bench_gpu.json"
+    with open(log, "w") as stdout:
+        process = subprocess.Popen(
+            [sys.executable, SCRIPT, "--smoke", "--out", str(out)],
+            cwd=ROOT,
+            env=ENV,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+        )
+        snapshots, deadline = {}, time.monotonic() + 600
+        while process.poll() is None and time.monotonic() < deadline:
+            try:  # written through a temporary file and a rename: never seen half-written
+                seen = json.loads(report_path.read_text())
+            except FileNotFoundError:
+                seen = None
+            if seen and seen["running"]:
+                snapshots.setdefault(seen["running"]["step"], seen)
+            time.sleep(0.05)
+        process.kill()
+        returncode = process.wait()
+    text = log.read_text()
+    assert returncode == 0, text[-3000:]
+
+    # While step k ran, the report on disk held steps 1 .. k-1, finished: what a run killed then leaves.
+    assert sorted(snapshots) == sorted(STEPS), sorted(snapshots)
+    for name, seen in snapshots.items():
+        assert not seen["complete"] and list(seen["steps"]) == STEPS[: STEPS.index(name)]
+        assert all(r["status"] == "ok" for r in seen["steps"].values())
+
+    report = json.loads(report_path.read_text())
+    assert report["complete"] and report["running"] is None and list(report["steps"]) == STEPS
+    assert report["xla_settings"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    steps = report["steps"]
+    for name, r in steps.items():
+        assert r["status"] == "ok" and r["error"] is None, (name, r)
+        assert 0 < r["seconds"] <= r["budget_s"] + 5
+        for key, value in numbers(r):
+            assert math.isfinite(value), (name, key, value)
+            if key in ZERO:
+                assert value == 0, (name, key)
+            elif key not in SIGNED:
+                assert value > 0, (name, key, value)
+
+    update, matmul = steps["update"], steps["matmul"]
+    assert update["tokens"] == update["rows"] * update["length"]
+    assert update["flops_per_step"] == 6 * update["params"] * update["tokens"]
+    assert math.isclose(update["tflops"], update["flops_per_step"] / update["median_seconds"] / 1e12)
+    assert math.isclose(update["mfu"], update["tflops"] / matmul["tflops"])
+    assert len(update["seconds_per_step"]) == 2 and len(matmul["seconds_per_matmul"]) == 3
+
+    assert sorted(steps["sampler"]["batches"]) == ["2", "4"]
+    for b in steps["sampler"]["batches"].values():
+        assert math.isclose(b["ratio"], b["jax_tokens_per_second"] / b["transformers_tokens_per_second"])
+
+    # Every tensor of the float32 params is a cast (a copy); of the bfloat16 params, only the transposed kernels.
+    table = hf.parameter_table(tiny_config())
+    transposed = sum(spec.transpose for spec in table.values())
+    cases = steps["sync"]["cases"]
+    assert cases["float32 params -> bfloat16"]["tensors"] == cases["float32 params -> bfloat16"]["copies"] == len(table)
+    assert cases["bfloat16 params"]["tensors"] == len(table) and cases["bfloat16 params"]["copies"] == transposed
+
+    grpo = steps["grpo"]
+    assert len(grpo["iterations"]) == 2 and grpo["first_iteration_seconds"] == grpo["iterations"][0]["step_time"]
+    for it in grpo["iterations"]:
+        parts = [it[k] for k in ("generate_time", "logprob_time", "update_time", "sync_time")]
+        assert it["grade_time"] <= it["generate_time"] and sum(parts) <= it["step_time"] * 1.001
+
+    # Three files, whatever the steps: the device tool brings back at most 8.
+    assert sorted(os.listdir(out)) == ["bench_gpu.json", "bench_gpu.log", "bench_gpu.md"]
+
+    # The table: printed and written, one row per step.
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.75" in text
+    written = (out / "bench_gpu.md").read_text()
+    assert written.strip() in text
+    assert "| step | status | seconds | result |" in written
+    for name in STEPS:
+        assert f"| {name} | ok | " in written
+
+
+def test_a_step_that_raises_or_runs_over_is_recorded_failed_and_the_next_still_runs(tmp_path):
+    out = tmp_path / "out"
+    flags = "--smoke --only matmul,sync --fail-step matmul --hang-step sync --budget-s 3"
+    done = subprocess.run(
+        [sys.executable, SCRIPT, *flags.split(), "--out", str(out)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "bench_gpu.json").read_text())
+    assert report["complete"] and list(report["steps"]) == ["matmul", "sync"]
+    matmul, sync = report["steps"]["matmul"], report["steps"]["sync"]
+    assert matmul["status"] == "failed" and matmul["error"] == "RuntimeError: made to fail by --fail-step matmul"
+    assert "RuntimeError: made to fail by --fail-step matmul" in (out / "bench_gpu.log").read_text()
+    assert sync["status"] == "failed" and sync["error"] == "ran over its budget of 3 s (killed)"
+    assert 3 <= sync["seconds"] < 30
+    assert "| matmul | failed |" in done.stdout and "| sync | failed |" in done.stdout
+
+
+def test_bad_flags_are_refused():
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--only", "matmul,nosuch"], cwd=ROOT, env=ENV, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "nosuch" in done.stderr
