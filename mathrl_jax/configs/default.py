@@ -43,6 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.param_dtype = "float32"
     config.dtype = "float32"
     config.remat = False
+    # The training passes' attention: "auto" (the blocked einsum on CPU, jax.nn.dot_product_attention's XLA form
+    # elsewhere), "blocked", "xla", or "cudnn" (its fused kernel on NVIDIA GPUs, bf16 / fp16; not yet run here).
+    config.attention = "auto"
 
     # --- data --------------------------------------------------------------------------
     config.dataset_name = "arithmetic"  # arithmetic, or a layout: auto math500 gsm8k areal_boba

@@ -29,6 +29,10 @@ from flax import nnx
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+# The training passes' attention (`full_attention`): "blocked" (`causal_attention`, the fastest on XLA:CPU),
+# "xla" or "cudnn" (`jax.nn.dot_product_attention`'s implementations; cuDNN's fused kernel on NVIDIA GPUs, in
+# bfloat16 / float16), "auto": "blocked" on CPU, "xla" elsewhere.
+ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -61,11 +65,14 @@ class QwenConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    attention: str = "auto"  # the cache-less pass's attention: ATTENTION_IMPLEMENTATIONS
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"attention={self.attention!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(
                 f"architectures={self.architecture!r} is not supported; expected one of {sorted(ARCHITECTURES)}"
@@ -192,7 +199,7 @@ class Attention(nnx.Module):
         k = constrain_heads(apply_rope(k, *rope))
         v = constrain_heads(v)
         if layer_cache is None:
-            out = causal_attention(q, k, v, allowed)
+            out = full_attention(q, k, v, allowed, c.attention)
         else:
             cached_k, cached_v = layer_cache  # [B, K, S, d]
             k = jax.lax.dynamic_update_slice_in_dim(
@@ -296,6 +303,18 @@ def causal_attention(q, k, v, allowed, block_size: Optional[int] = None):
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
     out = out.reshape(batch, kv_heads, length, groups, dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(batch, length, heads, dim)
+
+
+def full_attention(q, k, v, allowed, implementation: str = "auto"):
+    """The attention of a cache-less causal pass (q `[B, T, H, d]`, k/v `[B, T, K, d]`, allowed `[B, T, T]`, causal,
+    with padding and packed segments in it): `causal_attention`, or `jax.nn.dot_product_attention` with `allowed`
+    as its mask (`ATTENTION_IMPLEMENTATIONS`). Equal on every row with an allowed key; a row with none (padding)
+    is undefined by the formula, and each implementation returns something else there (callers never read it)."""
+    if implementation == "auto":
+        implementation = "blocked" if jax.default_backend() == "cpu" else "xla"
+    if implementation == "blocked":
+        return causal_attention(q, k, v, allowed)
+    return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation=implementation)
 
 
 class MLP(nnx.Module):

@@ -200,7 +200,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     )
 
     mesh = sharding.make_mesh(config.mesh.to_dict())
-    model = hf.load_model(start_dir, param_dtype=config.param_dtype, dtype=config.dtype, remat=config.remat)
+    numerics = dict(param_dtype=config.param_dtype, dtype=config.dtype, attention=config.attention)
+    model = hf.load_model(start_dir, remat=config.remat, **numerics)
     rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
     graphdef, params = nnx.split(model)
     params = sharding.shard_tree(params, mesh, rules)
@@ -211,7 +212,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     optimizer = state_lib.make_optimizer(**optimizer_settings)
     critic_graphdef = critic_params = critic_optimizer = None
     if needs_critic:
-        critic = value_head.load_critic(start_dir, seed=config.seed, param_dtype=config.param_dtype, dtype=config.dtype)
+        critic = value_head.load_critic(start_dir, seed=config.seed, **numerics)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
         critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings)

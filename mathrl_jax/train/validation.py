@@ -8,6 +8,7 @@ import jax
 
 from mathrl_jax import sharding
 from mathrl_jax.data import prompts, sources
+from mathrl_jax.models import qwen
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
@@ -128,6 +129,8 @@ def validate_settings(config) -> None:
             f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
             f"{c.temperature}, algorithm_name={c.algorithm_name!r}, env_name={c.env_name!r}"
         )
+    if c.attention not in qwen.ATTENTION_IMPLEMENTATIONS:
+        fail(f"unknown attention {c.attention!r}; expected one of {qwen.ATTENTION_IMPLEMENTATIONS}")
     if not c.jax_sampler.kv_cache_gib > 0:
         fail(f"jax_sampler.kv_cache_gib={c.jax_sampler.kv_cache_gib} must be > 0 (GiB of KV cache)")
     if c.sampler == "vllm":

@@ -257,3 +257,44 @@ def test_attention_block_size_bounds_the_number_of_blocks(length):
     block = qwen.attention_block_size(length)
     assert block >= qwen.ATTENTION_BLOCK
     assert -(-length // block) <= qwen.ATTENTION_MAX_BLOCKS
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", [(jnp.float32, 2e-5, 0), (jnp.bfloat16, 3e-2, 2e-2)])
+def test_dot_product_attention_equals_the_blocked_attention(dtype, atol, rtol):
+    """`jax.nn.dot_product_attention` (the "xla" implementation; "cudnn" is the same call on a GPU) with the
+    padding-and-segments mask = `causal_attention`, values and gradients, on rows with an allowed key."""
+    q, k, v, allowed = (x.astype(dtype) if x.dtype == jnp.float32 else x for x in _random_attention_inputs(seed=11))
+    readable = jnp.any(allowed, axis=-1)[:, :, None, None]
+    weights = jnp.asarray(np.random.RandomState(12).normal(size=q.shape), dtype) * readable
+
+    def run(implementation):
+        attend = lambda q, k, v: qwen.full_attention(q, k, v, allowed, implementation)  # noqa: E731
+        out = jax.jit(attend)(q, k, v)
+        grads = jax.jit(jax.grad(lambda *x: jnp.sum((attend(*x) * weights).astype(jnp.float32)), argnums=(0, 1, 2)))
+        return np.where(readable, np.asarray(out, np.float32), 0), [np.asarray(g, np.float32) for g in grads(q, k, v)]
+
+    (blocked, blocked_grads), (xla, xla_grads) = run("blocked"), run("xla")
+    np.testing.assert_allclose(xla, blocked, atol=atol, rtol=rtol)
+    for name, a, b in zip("qkv", xla_grads, blocked_grads):
+        np.testing.assert_allclose(a, b, atol=atol, rtol=rtol, err_msg=f"d loss / d {name}")  # bf16: a few ulp
+
+
+def test_the_model_with_dot_product_attention_gives_the_blocked_models_logits(hf_checkpoints):
+    """Padded and packed rows (the blocked model's logits are transformers', above)."""
+    directory = hf_checkpoints["qwen2"][0]
+    ids, mask = padded_batch()
+    segments = np.where(mask > 0, 1, 0)
+    segments[0, segments.shape[1] // 2 :] *= 2  # row 0 holds two sequences
+    counted = mask.astype(bool)
+    logits = {}
+    for implementation in ("blocked", "xla"):
+        model = hf.load_model(directory, attention=implementation)
+        run = jax.jit(lambda i, m, s: (model(i, attention_mask=m)[0], model(i, segment_ids=s)[0]))
+        logits[implementation] = [
+            np.asarray(x) for x in run(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(segments))
+        ]
+    scale = np.abs(logits["blocked"][0][counted]).max()
+    for a, b in zip(logits["xla"], logits["blocked"]):
+        assert np.abs(a - b)[counted].max() < 1e-5 * scale
+    with pytest.raises(qwen.ConfigError, match="attention='flash'"):
+        hf.load_model(directory, attention="flash")
