@@ -90,6 +90,10 @@ PROFILES = {
         update_prompt=256,
         update_length=1024,
         update_steps=5,
+        attention_model="qwen2.5-1.5b",
+        attention_rows=8,
+        attention_length=4096,
+        attention_implementations=("blocked", "xla", "cudnn"),
         sampler_model="qwen2.5-1.5b",
         sampler_batches=(64, 256),
         sampler_prompt=256,
@@ -103,7 +107,7 @@ PROFILES = {
         grpo_new_tokens=512,
         grpo_minibatches=4,
         grpo_iterations=3,  # the first compiles
-        budget_s=dict(matmul=60, update=200, sampler=220, sync=90, grpo=200),
+        budget_s=dict(matmul=60, update=200, attention=60, sampler=220, sync=90, grpo=200),
         total_budget_s=540,  # under the device tool's 600 s a command
     ),
     "smoke": dict(
@@ -114,6 +118,10 @@ PROFILES = {
         update_prompt=8,
         update_length=32,
         update_steps=2,
+        attention_model="tiny",
+        attention_rows=2,
+        attention_length=64,
+        attention_implementations=("blocked", "xla"),
         sampler_model="tiny",
         sampler_batches=(2, 4),
         sampler_prompt=8,
@@ -127,11 +135,11 @@ PROFILES = {
         grpo_new_tokens=4,
         grpo_minibatches=1,
         grpo_iterations=2,
-        budget_s=dict(matmul=60, update=120, sampler=120, sync=60, grpo=120),
+        budget_s=dict(matmul=60, update=120, attention=60, sampler=120, sync=60, grpo=120),
         total_budget_s=400,
     ),
 }
-STEPS = ("matmul", "update", "sampler", "sync", "grpo")
+STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")
 MIN_STEP_S = 10  # a step with less of the total budget left is not started
 STEP_FILE = "current_step.json"  # the running step's numbers so far (merged into the report when it ends)
 
@@ -459,9 +467,53 @@ def step_grpo(p, record):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def step_attention(p, record):
+    """The training passes' attention (`models.qwen.full_attention`, config.attention) forward + backward at the
+    model's heads, `attention_rows` packed rows of `attention_length` tokens holding sequences of 512 (the
+    segment mask of packing), bfloat16, per implementation: "blocked" (the CPU default), "xla" (GPU default) and
+    "cudnn" (the fused kernel: whether it accepts this mask here, and its speed). A failing implementation is
+    recorded with its error; the others still run."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from mathrl_jax.models import qwen, tiny_config
+
+    config = tiny_config(**MODELS[p["attention_model"]])
+    rows, length = p["attention_rows"], p["attention_length"]
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (rows, length, heads, dim), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (rows, length, kv_heads, dim), jnp.bfloat16) for key in keys[1:])
+    segments = jnp.asarray(1 + np.arange(length) // min(512, length))[None].repeat(rows, 0)
+    positions = jnp.asarray(np.arange(length) % min(512, length))[None].repeat(rows, 0)
+    _, allowed = qwen.full_sequence_attention(segments, positions=positions, segment_ids=segments)
+    record(**device_info(), model=p["attention_model"], rows=rows, length=length, heads=heads, kv_heads=kv_heads)
+    results = {}
+    for implementation in p["attention_implementations"]:
+        try:
+            loss = lambda q, k, v, i=implementation: jnp.sum(
+                qwen.full_attention(q, k, v, allowed, i).astype(jnp.float32)
+            )  # noqa: E731
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            start = time.perf_counter()
+            jax.block_until_ready(grad(q, k, v))
+            first = time.perf_counter() - start
+            seconds = []
+            for _ in range(5):
+                start = time.perf_counter()
+                jax.block_until_ready(grad(q, k, v))
+                seconds.append(time.perf_counter() - start)
+            results[implementation] = dict(first_seconds=first, median_seconds=statistics.median(seconds))
+        except Exception as error:  # recorded: an implementation this device does not run
+            results[implementation] = dict(error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        record(implementations=results)
+
+
 STEP_FUNCTIONS = {
     "matmul": step_matmul,
     "update": step_update,
+    "attention": step_attention,
     "sampler": step_sampler,
     "sync": step_sync,
     "grpo": step_grpo,
@@ -588,6 +640,12 @@ def summary(name: str, r: dict) -> str:
             f"{r['tflops']:.3g} TFLOP/s (6 x {r['params'] / 1e9:.3g}B params x tokens), {mfu}; "
             f"compile {r['compile_seconds']:.0f} s"
         )
+    if name == "attention" and r.get("implementations"):
+        parts = [
+            f"{i}: " + (f"{x['median_seconds'] * 1e3:.1f} ms" if "median_seconds" in x else "failed")
+            for i, x in r["implementations"].items()
+        ]
+        return f"{r['model']} heads, {r['rows']} x {r['length']} packed, fwd+bwd bf16: " + ", ".join(parts)
     if name == "sampler" and r.get("batches"):
         parts = [
             f"batch {b}: {x['jax_tokens_per_second']:.0f} vs {x['transformers_tokens_per_second']:.0f} tok/s "

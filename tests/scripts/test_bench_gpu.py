@@ -14,7 +14,7 @@ from mathrl_jax.models import hf, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")
-STEPS = ["matmul", "update", "sampler", "sync", "grpo"]
+STEPS = ["matmul", "update", "attention", "sampler", "sync", "grpo"]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
 SIGNED = {"loss"}  # the policy loss has either sign
 ZERO = {"skipped_updates"}  # a finite step is never skipped
@@ -83,6 +83,10 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
     assert math.isclose(update["tflops"], update["flops_per_step"] / update["median_seconds"] / 1e12)
     assert math.isclose(update["mfu"], update["tflops"] / matmul["tflops"])
     assert len(update["seconds_per_step"]) == 2 and len(matmul["seconds_per_matmul"]) == 3
+
+    # The smoke run's attention implementations (the CPU has no cuDNN) each timed, none failed.
+    assert sorted(steps["attention"]["implementations"]) == ["blocked", "xla"]
+    assert all("error" not in x for x in steps["attention"]["implementations"].values())
 
     assert sorted(steps["sampler"]["batches"]) == ["2", "4"]
     for b in steps["sampler"]["batches"].values():
