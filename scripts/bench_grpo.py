@@ -17,9 +17,17 @@ the update are those of training every row), and with `skip_zero_advantage=False
 does (`--default-only` skips that run). The fraction of response tokens the update trained on is printed
 beside them: the first speed-up depends on it.
 
+At a real shape (`--shape qwen2.5-0.5b` or `qwen2.5-1.5b`: random weights of that architecture, its 151,936-token
+vocabulary, the character tokenizer; no warm-start) the model earns no reward, so the update trains every row
+(`skip_zero_advantage=False`, as TRL does) and only that run is made; float32 on both sides (`--set dtype=...`
+changes mathrl_jax's compute). Each system runs in a process of its own, which reports its peak resident memory;
+mathrl_jax's XLA compiles (count and seconds, from `jax.monitoring`) are reported too.
+
     pip install -e '.[bench]'            # trl; never needed by the tests
     python scripts/bench_grpo.py         # both systems, ~5 minutes on a 2-core CPU
     python scripts/bench_grpo.py --skip-trl --iterations 2 --warmup 1   # mathrl_jax alone
+    python scripts/bench_grpo.py --shape qwen2.5-0.5b --prompts 8 --samples 4 --max-new-tokens 128 \
+        --minibatches 2 --iterations 1 --warmup 1 --default-only     # the real shape, ~1 hour on 2 cores
 """
 
 from __future__ import annotations
@@ -38,6 +46,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SPLIT = ("generate_time", "grade_time", "logprob_time", "update_time", "sync_time")
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def in_own_process(fn, *args):
+    """`fn(*args)` in a fresh process (spawned: no JAX or torch state shared), so its peak memory is its own."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def random_model(directory: str, shape: str) -> str:
+    """A random-weight checkpoint of `shape`'s architecture (bench_sampler.SHAPES) with the character tokenizer."""
+    from bench_sampler import SHAPES
+
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    path = os.path.join(directory, shape)
+    write_tiny_checkpoint(path, seed=0, **SHAPES[shape])
+    return path
 
 
 def base_config(run_dir: str, args):
@@ -85,8 +121,14 @@ def bench_mathrl(model_dir: str, directory: str, args, settings=()):
         key, value = setting.split("=", 1)
         c[key] = type(c[key])(value) if not isinstance(c[key], bool) else value.lower() in ("1", "true")
     records = []
+    compiles = []
+    import jax
+
+    listener = lambda event, seconds, **_: compiles.append(seconds) if event == COMPILE_EVENT else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
     train(c, on_metrics=lambda i, m: records.append(dict(m)))
-    return records
+    jax.monitoring.unregister_event_duration_listener(listener)
+    return {"records": records, "compiles": len(compiles), "compile_seconds": sum(compiles), "peak": peak_rss_bytes()}
 
 
 def bench_trl(model_dir: str, directory: str, args):
@@ -157,16 +199,20 @@ def bench_trl(model_dir: str, directory: str, args):
     trainer.train()
     grader.close()
     ends = marks[:: args.minibatches]  # train start, then the end of each round's last step
-    return [b - a for a, b in zip(ends, ends[1:])]
+    return {"times": [b - a for a, b in zip(ends, ends[1:])], "peak": peak_rss_bytes()}
 
 
 def summary(times):
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
-def mathrl_result(records, args):
+def mathrl_result(run, args):
+    records = run["records"]
     steady = records[args.warmup :]
     return {
+        "compiles": run["compiles"],
+        "compile_seconds": run["compile_seconds"],
+        "peak_memory_gib": run["peak"] / 2**30,
         "first_iteration": records[0]["perf/step_time"],
         "steady": summary([r["perf/step_time"] for r in steady]),
         "split": {k: statistics.median(r[f"perf/{k}"] for r in steady) for k in SPLIT},
@@ -194,6 +240,9 @@ def main(argv=None) -> int:
         "--default-only", action="store_true", help="no second mathrl_jax run with skip_zero_advantage=False"
     )
     parser.add_argument("--json", default="", help="write the numbers here")
+    parser.add_argument(
+        "--shape", default="tiny", help="tiny (warm-started), qwen2.5-0.5b or qwen2.5-1.5b (random weights)"
+    )
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 1:
         parser.error("--iterations and --warmup must be >= 1 (the first iteration compiles)")
@@ -202,52 +251,69 @@ def main(argv=None) -> int:
 
     compile_cache.enable(os.environ.get("MATHRL_BENCH_CACHE", ""))  # off by default: the first iteration compiles
     # (label, key in the JSON, config settings) of each mathrl_jax run
-    variants = [("mathrl_jax", "mathrl_jax", ())]
-    if not args.default_only:
+    from bench_sampler import SHAPES
+
+    if args.shape not in SHAPES:
+        parser.error(f"--shape {args.shape!r}: expected one of {sorted(SHAPES)}")
+    real = args.shape != "tiny"
+    variants = [("mathrl_jax", "mathrl_jax", ("skip_zero_advantage=False",) if real else ())]
+    if not args.default_only and not real:
         variants.append(("mathrl_jax, every row trained", "mathrl_jax_every_row", ("skip_zero_advantage=False",)))
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as directory:
-        model_dir = warm_started_model(directory, args)
-        records = {key: bench_mathrl(model_dir, directory, args, settings) for _, key, settings in variants}
-        trl_times = None if args.skip_trl else bench_trl(model_dir, directory, args)
+        model_dir = random_model(directory, args.shape) if real else warm_started_model(directory, args)
+        runs = {key: in_own_process(bench_mathrl, model_dir, directory, args, s) for _, key, s in variants}
+        trl = None if args.skip_trl else in_own_process(bench_trl, model_dir, directory, args)
+    trl_times = None if trl is None else trl["times"]
 
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "setting": {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "minibatches", "lr")},
+        "setting": {
+            k: getattr(args, k) for k in ("shape", "prompts", "samples", "max_new_tokens", "minibatches", "lr")
+        },
     }
     for _, key, _ in variants:
-        result[key] = mathrl_result(records[key], args)
+        result[key] = mathrl_result(runs[key], args)
     if trl_times is not None:
-        result["trl"] = {"first_iteration": trl_times[0], "steady": summary(trl_times[args.warmup :])}
+        result["trl"] = {
+            "first_iteration": trl_times[0],
+            "steady": summary(trl_times[args.warmup :]),
+            "peak_memory_gib": trl["peak"] / 2**30,
+        }
         for _, key, _ in variants:
             result[key]["speedup_over_trl"] = result["trl"]["steady"]["median"] / result[key]["steady"]["median"]
         result["speedup"] = result["mathrl_jax"]["speedup_over_trl"]
 
     print(
-        f"GRPO iteration, {args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, "
-        f"{args.minibatches} minibatches; {result['date']}, {result['machine']}"
+        f"GRPO iteration at the {args.shape} shape, {args.prompts} prompts x {args.samples} samples, "
+        f"<= {args.max_new_tokens} new tokens, {args.minibatches} minibatches; {result['date']}, {result['machine']}"
     )
-    print("| system | first iteration (s) | steady iteration (s), median (min-max) | tokens trained | speed-up |")
-    print("|---|---|---|---|---|")
+    print(
+        "| system | first iteration (s) | steady iteration (s), median (min-max) | tokens trained | peak memory "
+        "(GiB) | speed-up |"
+    )
+    print("|---|---|---|---|---|---|")
     for name, key, _ in variants:
         m = result[key]
         speedup = f"{m['speedup_over_trl']:.2f}x" if trl_times is not None else ""
         print(
             f"| {name} | {m['first_iteration']:.2f} | {m['steady']['median']:.3f} "
-            f"({m['steady']['min']:.3f}-{m['steady']['max']:.3f}) | {m['trained_token_fraction']:.2f} | {speedup} |"
+            f"({m['steady']['min']:.3f}-{m['steady']['max']:.3f}) | {m['trained_token_fraction']:.2f} | "
+            f"{m['peak_memory_gib']:.2f} | {speedup} |"
         )
     if trl_times is not None:
         t = result["trl"]
         print(
             f"| TRL GRPOTrainer | {t['first_iteration']:.2f} | {t['steady']['median']:.3f} "
-            f"({t['steady']['min']:.3f}-{t['steady']['max']:.3f}) | 1.00 | 1.00x |"
+            f"({t['steady']['min']:.3f}-{t['steady']['max']:.3f}) | 1.00 | {t['peak_memory_gib']:.2f} | 1.00x |"
         )
     for name, key, _ in variants:
         m = result[key]
         print(
             f"{name} split (median s): "
             + ", ".join(f"{k[:-5]} {v:.3f}" for k, v in m["split"].items())
-            + f"; accuracy {m['accuracy']:.2f}, mean response {m['response_length']:.1f} tokens"
+            + f"; accuracy {m['accuracy']:.2f}, mean response {m['response_length']:.1f} tokens; "
+            + f"{m['compiles']} XLA compiles, {m['compile_seconds']:.1f} s"
         )
     if args.json:
         with open(args.json, "w") as f:
