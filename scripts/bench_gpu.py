@@ -360,8 +360,9 @@ def step_sampler(p, record):
 
 def step_sync(p, record):
     """`torch_weights` (the vLLM sync's JAX-to-torch hand-over) at `sync_model`, to bfloat16 tensors, from float32
-    and from bfloat16 params: seconds of a whole pass (the first, compiling the transposes and casts, apart), and
-    which tensors are copies rather than views of their parameter's buffer."""
+    and from bfloat16 params (kernels transposed by JAX, or as torch views: `transpose_in_torch`): seconds of a whole
+    pass (the first, compiling the transposes and casts, apart), and which tensors are copies rather than views of
+    their parameter's buffer."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -374,7 +375,11 @@ def step_sync(p, record):
     device = torch_device()
     record(**device_info(), model=name, torch=torch.__version__, target_dtype="bfloat16")
     cases = {}
-    for case, param_dtype in (("float32 params -> bfloat16", "float32"), ("bfloat16 params", "bfloat16")):
+    for case, param_dtype, in_torch in (
+        ("float32 params -> bfloat16", "float32", False),
+        ("bfloat16 params", "bfloat16", False),
+        ("bfloat16 params, transposed in torch", "bfloat16", True),  # VllmSampler's default on a GPU
+    ):
         config = tiny_config(**MODELS[name], param_dtype=param_dtype, dtype="bfloat16")
         state = nnx.state(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
         table = hf.parameter_table(config)
@@ -384,7 +389,7 @@ def step_sync(p, record):
         for _ in range(p["sync_repeats"] + 1):
             start = time.perf_counter()
             count = copies = copied_bytes = largest = 0
-            for key, tensor in torch_weights(state, config, dtype=jnp.bfloat16):
+            for key, tensor in torch_weights(state, config, dtype=jnp.bfloat16, transpose_in_torch=in_torch):
                 count += 1
                 if tensor.data_ptr() != owner[key]:
                     nbytes = tensor.numel() * tensor.element_size()

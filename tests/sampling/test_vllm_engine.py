@@ -139,6 +139,23 @@ def test_the_engine_follows_each_sync_not_the_checkpoint_it_started_from(tiny):
     assert np.isfinite(tiny.engine.last_sync_seconds) and tiny.engine.last_sync_seconds > 0
 
 
+def test_a_sync_of_torch_views_of_the_jax_buffers(tiny):
+    """The zero-copy sync (kernels as torch `.t()` views, the GPU default) loads the same weights: after it,
+    from the random params, greedy decoding is the JAX sampler's on the warm-started ones again."""
+    tiny.engine.update_weights(tiny.random_state, version=1)
+    tiny.engine.transpose_in_torch = True
+    try:
+        tiny.engine.update_weights(tiny.state, version=2)
+    finally:
+        tiny.engine.transpose_in_torch = False
+    params = SamplingParams(temperature=0.0, max_new_tokens=tiny.max_new_tokens)
+    got = tiny.engine.generate(tiny.prompts[:16], params)
+    want = tiny.jax_sampler(tiny.state).generate(tiny.prompts[:16], params)
+    assert got.completion_ids == want.completion_ids
+    for a, b in zip(got.policy_logprobs, want.policy_logprobs):
+        np.testing.assert_allclose(a, b, atol=LOGPROB_ATOL)
+
+
 def test_a_sync_from_a_state_sharded_over_four_devices(tiny):
     mesh = S.make_mesh({"dp": 1, "fsdp": 2, "tp": 2}, devices=jax.devices()[:4])
     config = hf.load_model(tiny.directory).config

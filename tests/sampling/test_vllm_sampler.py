@@ -44,3 +44,26 @@ def test_torch_weights_gather_sharded_leaves_and_cast(tmp_path):
     assert weight.dtype == torch.bfloat16
     expected = reference.state_dict()["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16)
     assert torch.equal(weight, expected)
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "qwen3"])
+def test_torch_weights_without_jax_side_copies(variant, tmp_path):
+    """With `transpose_in_torch` every tensor is a view of its parameter's JAX buffer (same address: zero copies on
+    the JAX side, the kernels transposed as torch views) and equals the default conversion, which copies exactly
+    the transposed kernels."""
+    make_torch_model(variant).save_pretrained(str(tmp_path))
+    model = hf.load_model(str(tmp_path))
+    state = nnx.state(model)
+    table = hf.parameter_table(model.config)
+    owner = {name: hf.get_path(state, spec.path).unsafe_buffer_pointer() for name, spec in table.items()}
+
+    def copies(**kwargs):
+        converted = dict(torch_weights(state, model.config, **kwargs))
+        return converted, sorted(name for name, tensor in converted.items() if tensor.data_ptr() != owner[name])
+
+    views, view_copies = copies(transpose_in_torch=True)
+    default, default_copies = copies()
+    assert view_copies == []
+    assert default_copies == sorted(name for name, spec in table.items() if spec.transpose) != []
+    for name, tensor in views.items():
+        assert torch.equal(tensor, default[name]), name
