@@ -41,6 +41,10 @@ from mathrl_jax.sharding.rules import constrain_batch, constrain_kv_cache
 RUNNING, STOPPED, LENGTH = 0, 1, 2
 
 
+# The decode carry's per-row results, in the order `_rollouts` takes them.
+ROW_OUTPUTS = ("tokens", "logprobs", "policy_logprobs", "lengths", "finish", "stop_token")
+
+
 class SamplerMemoryError(MemoryError):
     """The device ran out of memory generating; the message names the option that bounds it."""
 
@@ -222,6 +226,10 @@ class JaxSampler:
         sub-batches of a power-of-two number of prompts (the same programs each, the same samples as one
         call). None: the whole batch at once. Running out of device memory raises `SamplerMemoryError`,
         which names this option.
+      compact_interval: every this many decode steps, the rows still running move into a smaller batch
+        (a quarter, or a quarter of that, ...) when they fit in one, so finished rows stop costing decode
+        steps; each row draws what it draws without it. None: finished rows ride along to the end. Not with
+        stop strings (their host checks index the rows) nor across processes.
     """
 
     def __init__(
@@ -238,6 +246,7 @@ class JaxSampler:
         stop_check_interval: int = 32,
         policy_version: int = 0,
         kv_cache_gib: Optional[float] = None,
+        compact_interval: Optional[int] = None,
     ):
         self.config = model.config
         self.graphdef, state = nnx.split(model)
@@ -259,6 +268,9 @@ class JaxSampler:
         if kv_cache_gib is not None and not kv_cache_gib > 0:
             raise ValueError(f"JaxSampler: kv_cache_gib={kv_cache_gib} must be > 0 (GiB), or None")
         self.kv_cache_gib = kv_cache_gib
+        if compact_interval is not None and compact_interval < 1:
+            raise ValueError(f"JaxSampler: compact_interval={compact_interval} must be >= 1 (decode steps), or None")
+        self.compact_interval = compact_interval
         self._seed_rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
         # One generate at a time, and weights never swapped in the middle of one (asynchronous training
         # calls update_weights from the learner thread while a generator thread samples).
@@ -432,8 +444,14 @@ class JaxSampler:
             )
             keys = self._row_keys(seed, rows, first_prompt * n)
             use_filter = params.top_k > 0 or params.top_p < 1.0
+            compact = self.compact_interval is not None and not params.stop and jax.process_count() == 1
             chunk = self.stop_check_interval if params.stop else params.max_new_tokens
+            if compact:
+                chunk = self.compact_interval
             stop_strings, settled = [None] * rows, [False] * rows
+            # Where each row of the carry came from (-1: a filler row), and the rows that have left it.
+            origin, left = np.arange(rows), {}
+            shards = 1 if self.mesh is None else shards  # a compacted batch still splits over them
             until = 0
             while True:
                 until = min(until + chunk, params.max_new_tokens)
@@ -450,7 +468,43 @@ class JaxSampler:
                     carry = self._apply_stop_strings(carry, params.stop, stop_strings, settled, num_prompts * n)
                 if until >= params.max_new_tokens or not bool(jnp.any(carry["finish"] == RUNNING)):
                     break
-        return self._rollouts(carry, prompt_ids, n, stop_strings)
+                if compact:
+                    carry, keys, origin = self._compact(carry, keys, origin, left, shards)
+        outputs = fetch(tuple(carry[k] for k in ROW_OUTPUTS))
+        if left:  # the rows that left the carry, and those in it, back in their own order
+            final = {int(o): tuple(x[i] for x in outputs) for i, o in enumerate(origin) if o >= 0}
+            by_row = {**left, **final}
+            outputs = tuple(np.stack([by_row[r][k] for r in range(rows)]) for k in range(len(ROW_OUTPUTS)))
+        return self._rollouts(outputs, prompt_ids, n, stop_strings)
+
+    def _compact(self, carry, keys, origin, left, shards):
+        """The carry's running rows in a batch a quarter (a sixteenth, ...) as large, when they fit in one (and
+        it splits over the mesh's `shards`); the finished rows' outputs go to `left` (by their row in the
+        sub-batch). A quarter at a time keeps the decode programs few. Returns (carry, keys, origin)."""
+        finish = np.asarray(fetch(carry["finish"]))
+        running = np.flatnonzero(finish == RUNNING)
+        size = len(finish)
+        while size % 4 == 0 and (size // 4) % shards == 0 and size // 4 >= max(len(running), 1):
+            size //= 4
+        if size == len(finish):
+            return carry, keys, origin
+        leaving = [i for i in np.flatnonzero(finish != RUNNING) if origin[i] >= 0]
+        outputs = fetch(tuple(carry[k] for k in ROW_OUTPUTS))
+        for i in leaving:
+            left[int(origin[i])] = tuple(x[i] for x in outputs)
+        # Filler rows (copies of a finished row, marked STOPPED) make up the smaller batch.
+        filler = int(np.flatnonzero(finish != RUNNING)[0])
+        keep = np.concatenate([running, np.full(size - len(running), filler)]).astype(np.int32)
+        index = jax.device_put(keep)
+        take = lambda x: jnp.take(x, index, axis=0)  # noqa: E731
+        step = carry["step"]
+        carry = jax.tree.map(take, {k: v for k, v in carry.items() if k != "step"})
+        carry["step"] = step
+        stopped = np.zeros(size, bool)
+        stopped[len(running) :] = True
+        carry["finish"] = jnp.where(jax.device_put(stopped), STOPPED, carry["finish"])
+        origin = np.concatenate([origin[running], np.full(size - len(running), -1)])
+        return carry, take(keys), origin
 
     def _mesh_context(self):
         if self.mesh is None:
@@ -482,18 +536,10 @@ class JaxSampler:
             carry = dict(carry, finish=jnp.asarray(finish), lengths=jnp.asarray(lengths))
         return carry
 
-    def _rollouts(self, carry, prompt_ids, n, stop_strings) -> Rollouts:
-        # `fetch`: across processes each holds its rows' shards; every process gets every row.
-        tokens, logprobs, policy_logprobs, lengths, finish, stop_token = fetch(
-            (
-                carry["tokens"],
-                carry["logprobs"],
-                carry["policy_logprobs"],
-                carry["lengths"],
-                carry["finish"],
-                carry["stop_token"],
-            )
-        )
+    def _rollouts(self, outputs, prompt_ids, n, stop_strings) -> Rollouts:
+        """Rollouts from the host values of `ROW_OUTPUTS` (`fetch`: across processes each holds its rows' shards;
+        every process gets every row)."""
+        tokens, logprobs, policy_logprobs, lengths, finish, stop_token = outputs
         num_rows = len(prompt_ids) * n
         completions, lps, plps, reasons, stop_reasons = [], [], [], [], []
         for row in range(num_rows):

@@ -194,6 +194,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         pad_token_id=codec.pad_token_id,
         tokenizer=codec,
         kv_cache_gib=config.jax_sampler.kv_cache_gib,
+        compact_interval=config.jax_sampler.compact_interval or None,
     )
     start_dir, warm_metrics = warm_start(
         config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds

@@ -133,6 +133,8 @@ def validate_settings(config) -> None:
         fail(f"unknown attention {c.attention!r}; expected one of {qwen.ATTENTION_IMPLEMENTATIONS}")
     if not c.jax_sampler.kv_cache_gib > 0:
         fail(f"jax_sampler.kv_cache_gib={c.jax_sampler.kv_cache_gib} must be > 0 (GiB of KV cache)")
+    if c.jax_sampler.compact_interval < 0:
+        fail(f"jax_sampler.compact_interval={c.jax_sampler.compact_interval} must be >= 0 (decode steps; 0 = never)")
     if c.sampler == "vllm":
         if not c.vllm.kv_cache_gib > 0:
             fail(f"vllm.kv_cache_gib={c.vllm.kv_cache_gib} must be > 0 (GiB of KV cache)")

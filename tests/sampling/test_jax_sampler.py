@@ -351,3 +351,29 @@ def test_running_out_of_device_memory_names_the_option_that_bounds_it():
     slots = 2**50 // sampler.kv_cache_bytes(1, 1)  # a cache of a PiB per row: no allocator grants it
     with pytest.raises(SamplerMemoryError, match=r"kv_cache_gib \(now None"):
         sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_new_tokens=int(slots)))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compaction_drops_finished_rows_and_samples_as_without_it(temperature):
+    """With `compact_interval`, the decode moves the running rows into a batch a quarter as large once they fit:
+    later steps compute fewer rows, and every row's completion, log-probs and finish are those without it."""
+    model = peaked_model()
+    prompts = [[5 + i, 17, 33 + i, 9] for i in range(16)]
+    # Common tokens as stop ids: rows end at different steps, most early.
+    stops = [int(t) for t in np.argsort(-full_logits(model, [5, 17, 33, 9]))[:4]]
+    params = SamplingParams(temperature=temperature, max_new_tokens=48, stop_token_ids=stops, seed=2)
+    plain = JaxSampler(model, pad_token_id=0).generate(prompts, params)
+    sampler = JaxSampler(model, pad_token_id=0, compact_interval=4)
+    rows = []
+    decode_program = sampler._decode
+    sampler._decode = lambda state, carry, *a, **k: (
+        rows.append(carry["tokens"].shape[0]) or decode_program(state, carry, *a, **k)
+    )
+    compacted = sampler.generate(prompts, params)
+    lengths = plain.completion_lengths
+    assert lengths.min() <= 4 and lengths.max() > 8  # rows end at different steps: something to compact
+    assert rows[0] == 16 and min(rows) < 16 and rows == sorted(rows, reverse=True), rows
+    assert compacted.completion_ids == plain.completion_ids
+    assert compacted.finish_reasons == plain.finish_reasons and compacted.stop_reasons == plain.stop_reasons
+    for a, b in zip(compacted.logprobs + compacted.policy_logprobs, plain.logprobs + plain.policy_logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
