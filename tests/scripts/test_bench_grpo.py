@@ -12,20 +12,23 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_bench_grpo_skip_trl_reports_a_split_that_fits_each_iteration(tmp_path):
-    out = tmp_path / "bench.json"
-    flags = "--skip-trl --iterations 2 --warmup 1 --prompts 4 --samples 2 --max-new-tokens 4 --minibatches 2"
+def run_bench(flags: str, out, timeout: int):
+    """`scripts/bench_grpo.py FLAGS --json=OUT` on the CPU; (its result, its stdout)."""
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_grpo.py"), *flags.split(), "--warmstart-steps=2"]
-        + [f"--json={out}"],
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_grpo.py"), *flags.split(), f"--json={out}"],
         cwd=ROOT,
         env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_bench_grpo_skip_trl_reports_a_split_that_fits_each_iteration(tmp_path):
+    flags = "--skip-trl --iterations 2 --warmup 1 --prompts 4 --samples 2 --max-new-tokens 4 --minibatches 2"
+    result, stdout = run_bench(flags + " --warmstart-steps=2", tmp_path / "bench.json", timeout=600)
     mathrl = result["mathrl_jax"]
     assert "trl" not in result and len(mathrl["iterations"]) == 3
     for it in mathrl["iterations"]:
@@ -36,30 +39,19 @@ def test_bench_grpo_skip_trl_reports_a_split_that_fits_each_iteration(tmp_path):
     # The second run trains every row; the default leaves out the rows with no non-zero advantage.
     assert result["mathrl_jax_every_row"]["trained_token_fraction"] == 1.0
     assert 0.0 <= mathrl["trained_token_fraction"] <= 1.0
-    assert "| mathrl_jax, every row trained |" in done.stdout
-    assert "| mathrl_jax |" in done.stdout and "TRL" not in done.stdout.split("\n", 2)[2]
+    assert "| mathrl_jax, every row trained |" in stdout
+    assert "| mathrl_jax |" in stdout and "TRL" not in stdout.split("\n", 2)[2]
 
 
 @pytest.mark.slow  # ~1 minute and ~11 GB: the 0.5B model's float32 weights, gradients and AdamW moments
 def test_bench_grpo_at_the_qwen_0_5b_shape_reports_memory_and_compiles(tmp_path):
     """docs/real_shapes.md's command with a small batch: random weights at the real architecture and
     vocabulary, every row trained (they earn no reward), the peak memory and XLA compiles reported."""
-    out = tmp_path / "bench.json"
     flags = "--shape qwen2.5-0.5b --skip-trl --prompts 2 --samples 2 --max-new-tokens 4 --minibatches 1"
-    done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_grpo.py"), *flags.split()]
-        + ["--iterations=1", "--warmup=1", "--default-only", f"--json={out}"],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, stdout = run_bench(flags + " --iterations=1 --warmup=1 --default-only", tmp_path / "bench.json", 900)
     mathrl = result["mathrl_jax"]
     assert result["setting"]["shape"] == "qwen2.5-0.5b" and mathrl["trained_token_fraction"] == 1.0
     # float32 weights of ~494M parameters are 2 GB; with gradients and AdamW's moments, 8 GB at least
     assert 8 < mathrl["peak_memory_gib"] < 24
     assert mathrl["compiles"] > 0 and mathrl["compile_seconds"] > 0
-    assert "qwen2.5-0.5b shape" in done.stdout
+    assert "qwen2.5-0.5b shape" in stdout
