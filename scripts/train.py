@@ -92,7 +92,7 @@ def leave(code: int, message: str, timeout_s: float = 0, leader_grace_s: float =
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(timeout_s)
-    if leader_grace_s and distributed.process_label().startswith("process 0 "):
+    if leader_grace_s and distributed.hosts_coordinator():
         time.sleep(leader_grace_s)
     os._exit(code)
 

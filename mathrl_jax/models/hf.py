@@ -285,8 +285,9 @@ def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple
     """(HF name, array in HF layout) for every tensor of `table`, one at a time, as JAX arrays.
 
     The arrays stay where the state lives (device, sharding) and each transpose
-    is made only when its tensor is reached. This is the conversion the vLLM
-    weight sync uses (with `parameter_table(config)`).
+    is made only when its tensor is reached. The export's conversion; the vLLM
+    sync walks the same table (`vllm_sampler.torch_weights`), optionally leaving
+    the transposes to torch views.
     """
     for name, spec in table.items():
         value = get_path(state, spec.path)

@@ -393,8 +393,9 @@ class JaxSampler:
         num_prompts, n = len(prompt_ids), params.n
         generation_bucket = bucket(params.max_new_tokens, self.min_generation_bucket)
         prompt_rows = bucket(per_call, 1)
-        if self.mesh is not None:  # rows must divide over the batch axes
-            shards = self.mesh.shape.get("dp", 1) * self.mesh.shape.get("fsdp", 1)
+        # Rows must divide over the batch axes (a compacted batch too).
+        shards = 1 if self.mesh is None else self.mesh.shape.get("dp", 1) * self.mesh.shape.get("fsdp", 1)
+        if self.mesh is not None:
             prompt_rows = max(prompt_rows, bucket(-(-shards // n), 1))
         ids = np.full((prompt_rows, prompt_bucket), self.pad_token_id, np.int32)
         mask = np.zeros((prompt_rows, prompt_bucket), np.int32)
@@ -451,7 +452,6 @@ class JaxSampler:
             stop_strings, settled = [None] * rows, [False] * rows
             # Where each row of the carry came from (-1: a filler row), and the rows that have left it.
             origin, left = np.arange(rows), {}
-            shards = 1 if self.mesh is None else shards  # a compacted batch still splits over them
             until = 0
             while True:
                 until = min(until + chunk, params.max_new_tokens)
@@ -492,7 +492,7 @@ class JaxSampler:
         outputs = fetch(tuple(carry[k] for k in ROW_OUTPUTS))
         for i in leaving:
             left[int(origin[i])] = tuple(x[i] for x in outputs)
-        # Filler rows (copies of a finished row, marked STOPPED) make up the smaller batch.
+        # Filler rows, copies of a finished row (so not running), make up the smaller batch.
         filler = int(np.flatnonzero(finish != RUNNING)[0])
         keep = np.concatenate([running, np.full(size - len(running), filler)]).astype(np.int32)
         index = jax.device_put(keep)
@@ -500,9 +500,6 @@ class JaxSampler:
         step = carry["step"]
         carry = jax.tree.map(take, {k: v for k, v in carry.items() if k != "step"})
         carry["step"] = step
-        stopped = np.zeros(size, bool)
-        stopped[len(running) :] = True
-        carry["finish"] = jnp.where(jax.device_put(stopped), STOPPED, carry["finish"])
         origin = np.concatenate([origin[running], np.full(size - len(running), -1)])
         return carry, take(keys), origin
 

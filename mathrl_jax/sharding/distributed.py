@@ -90,6 +90,13 @@ def process_label() -> str:
     return f"process {index} of {count}"
 
 
+def hosts_coordinator() -> bool:
+    """Whether this is process 0, which hosts jax.distributed's coordination service (as `process_label`, without
+    starting JAX's backend when `initialize` was given the numbers)."""
+    index, _ = _joined.get("process") or (jax.process_index(), jax.process_count())
+    return index == 0
+
+
 def is_main_process() -> bool:
     """True on the process that writes logs, metrics and checkpoint metadata (process 0)."""
     return jax.process_index() == 0

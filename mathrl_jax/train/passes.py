@@ -27,9 +27,12 @@ LOGIT_CHUNK_ELEMENTS = 2**24
 
 def shifted_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
     """(log-prob, entropy) `[N, L]` with column c scoring token c from the logits at c - 1; column 0 is 0."""
-    logp, entropy = losses.token_logprobs_from_logits(logits[:, :-1], input_ids[:, 1:], temperature=temperature)
-    pad = ((0, 0), (1, 0))
-    return jnp.pad(logp, pad), jnp.pad(entropy, pad)
+    return _shifted(*losses.token_logprobs_from_logits(logits[:, :-1], input_ids[:, 1:], temperature=temperature))
+
+
+def _shifted(*per_token: jax.Array) -> Tuple[jax.Array, ...]:
+    """`[N, L - 1]` results of tokens 1.. moved to columns 1.., column 0 (no token before it) 0."""
+    return tuple(jnp.pad(x, ((0, 0), (1, 0))) for x in per_token)
 
 
 def hidden_logprobs(model, hidden: jax.Array, input_ids: jax.Array, temperature: float = 1.0):
@@ -38,16 +41,16 @@ def hidden_logprobs(model, hidden: jax.Array, input_ids: jax.Array, temperature:
     the model's compute dtype, as its `logits_from_hidden` does."""
     weight, layout = model.unembedding()
     vocab = weight.shape[1 if layout == "dv" else 0]
-    logp, entropy = losses.token_logprobs_from_hidden(
-        hidden[:, :-1],
-        weight.astype(hidden.dtype),
-        input_ids[:, 1:],
-        temperature=temperature,
-        chunk_size=max(8, min(512, LOGIT_CHUNK_ELEMENTS // vocab)),
-        weight_layout=layout,
+    return _shifted(
+        *losses.token_logprobs_from_hidden(
+            hidden[:, :-1],
+            weight.astype(hidden.dtype),
+            input_ids[:, 1:],
+            temperature=temperature,
+            chunk_size=max(8, min(512, LOGIT_CHUNK_ELEMENTS // vocab)),
+            weight_layout=layout,
+        )
     )
-    pad = ((0, 0), (1, 0))
-    return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
 
 def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None):
