@@ -107,7 +107,9 @@ PROFILES = {
         grpo_new_tokens=512,
         grpo_minibatches=4,
         grpo_iterations=3,  # the first compiles
-        budget_s=dict(matmul=60, update=200, attention=60, sampler=220, sync=90, grpo=200),
+        # measured on an H100 (2026-11-26): matmul 4 s, update 65, attention 58-62 (three compiles), sampler 159,
+        # sync 18, grpo 114: 420 s in all
+        budget_s=dict(matmul=60, update=150, attention=100, sampler=220, sync=60, grpo=200),
         total_budget_s=540,  # under the device tool's 600 s a command
     ),
     "smoke": dict(
@@ -139,6 +141,9 @@ PROFILES = {
         total_budget_s=400,
     ),
 }
+# models.qwen.ATTENTION_IMPLEMENTATIONS, spelled out: the parent process must not import JAX (the XLA settings
+# are set first); tests/scripts/test_bench_gpu.py checks the two agree.
+ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
 STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")
 MIN_STEP_S = 10  # a step with less of the total budget left is not started
 STEP_FILE = "current_step.json"  # the running step's numbers so far (merged into the report when it ends)
@@ -227,7 +232,7 @@ def step_update(p, record):
     from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
     name, rows, length = p["update_model"], p["update_rows"], p["update_length"]
-    config = tiny_config(**MODELS[name], param_dtype="float32", dtype="bfloat16", remat=True)
+    config = tiny_config(**MODELS[name], param_dtype="float32", dtype="bfloat16", remat=True, attention=p["attention"])
     graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     tokens = rows * length
@@ -240,6 +245,7 @@ def step_update(p, record):
         length=length,
         tokens=tokens,
         numerics="float32 params, bfloat16 compute, remat",
+        attention=p["attention"],
         flops_per_step=6 * n_params * tokens,
         flops_formula="6 x params x tokens (attention and remat's recomputation not counted)",
         attention_flops_not_counted=attention * tokens,
@@ -429,6 +435,7 @@ def step_grpo(p, record):
         c.run_dir = os.path.join(directory, "run")
         c.model_name_or_path = model_dir
         c.param_dtype, c.dtype, c.remat = "float32", "bfloat16", True
+        c.attention = p["attention"]
         c.algorithm_name = "grpo"
         c.n_rollout_threads = p["grpo_prompts"]
         c.group_size = p["grpo_samples"]
@@ -447,6 +454,7 @@ def step_grpo(p, record):
             new_tokens=c.max_new_tokens,
             minibatches=c.num_mini_batch,
             numerics="float32 params, bfloat16 compute, remat",
+            attention=c.attention,
         )
         run = build_run(c)
         source = rollout_source(run)
@@ -475,9 +483,9 @@ def step_grpo(p, record):
 def step_attention(p, record):
     """The training passes' attention (`models.qwen.full_attention`, config.attention) forward + backward at the
     model's heads, `attention_rows` packed rows of `attention_length` tokens holding sequences of 512 (the
-    segment mask of packing), bfloat16, per implementation: "blocked" (the CPU default), "xla" (GPU default) and
-    "cudnn" (the fused kernel: whether it accepts this mask here, and its speed). A failing implementation is
-    recorded with its error; the others still run."""
+    segment mask of packing), bfloat16, per implementation: "blocked" (the CPU default), "xla" and "cudnn" (the
+    fused kernel, the GPU default: whether it accepts this mask here, and its speed). A failing implementation
+    is recorded with its error; the others still run."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -540,7 +548,7 @@ def write_json(path: str, value) -> None:
 def run_child(name: str, args) -> int:
     """The body of `--child NAME`: runs the step, saving its numbers to OUT/current_step.json as it goes; an error
     is saved there too (type, message, traceback) and the exit status is 1."""
-    p = PROFILES[args.profile]
+    p = dict(PROFILES[args.profile], attention=args.attention)
     path = os.path.join(args.out, STEP_FILE)
     result = {}
 
@@ -696,6 +704,9 @@ def parse_args(argv=None):
     parser.add_argument("--only", default="", help=f"comma-separated steps of {','.join(STEPS)}")
     parser.add_argument("--budget-s", type=float, default=None, help="each step's budget (default: per step)")
     parser.add_argument("--total-budget-s", type=float, default=None, help="the whole run's (default: the profile's)")
+    parser.add_argument(
+        "--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS, help="config.attention of update and grpo"
+    )
     parser.add_argument("--fail-step", default="", choices=("",) + STEPS, help="tests: make this step raise")
     parser.add_argument("--hang-step", default="", choices=("",) + STEPS, help="tests: make this step run over")
     parser.add_argument("--child", default="", choices=("",) + STEPS, help=argparse.SUPPRESS)
@@ -725,7 +736,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "bench_gpu.log"), "w"):
         pass
     total = args.total_budget_s or p["total_budget_s"]
-    child_flags = ["--profile", args.profile]
+    child_flags = ["--profile", args.profile, "--attention", args.attention]
     for flag in ("fail_step", "hang_step"):
         if getattr(args, flag):
             child_flags += [f"--{flag.replace('_', '-')}", getattr(args, flag)]

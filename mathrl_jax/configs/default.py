@@ -43,8 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.param_dtype = "float32"
     config.dtype = "float32"
     config.remat = False
-    # The training passes' attention: "auto" (the blocked einsum on CPU, jax.nn.dot_product_attention's XLA form
-    # elsewhere), "blocked", "xla", or "cudnn" (its fused kernel on NVIDIA GPUs, bf16 / fp16; not yet run here).
+    # The training passes' attention: "auto" (the blocked einsum on CPU; cuDNN's fused kernel on an NVIDIA GPU of
+    # compute capability >= 8.0 in bf16 / fp16, jax.nn.dot_product_attention's XLA form otherwise: see
+    # models.qwen.auto_attention), "blocked", "xla", or "cudnn".
     config.attention = "auto"
 
     # --- data --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # The training passes' attention (`full_attention`): "blocked" (`causal_attention`, the fastest on XLA:CPU),
 # "xla" or "cudnn" (`jax.nn.dot_product_attention`'s implementations; cuDNN's fused kernel on NVIDIA GPUs, in
-# bfloat16 / float16), "auto": "blocked" on CPU, "xla" elsewhere.
+# bfloat16 / float16), "auto": `auto_attention`'s choice.
 ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -305,13 +305,37 @@ def causal_attention(q, k, v, allowed, block_size: Optional[int] = None):
     return out.reshape(batch, length, heads, dim)
 
 
+def auto_attention(backend: str, dtype, head_dim: int, compute_capability: str | None) -> str:
+    """What `attention="auto"` runs: "blocked" on CPU; on an NVIDIA GPU of compute capability 8.0 or later, in
+    bfloat16 or float16, with a head size cuDNN's fused kernel takes (a multiple of 8, at most 128), "cudnn";
+    "xla" otherwise. Measured on an H100 at the Qwen2.5-1.5B shape (fwd+bwd, bf16, 8 x 4096 packed tokens):
+    cudnn 10.2 ms, blocked 14.5 ms, xla 45.4 ms; the update step 0.315 s with cudnn against 0.374 s with xla,
+    compiling in 35 s against 53 s. "blocked" is not chosen on a GPU: its unrolled blocks made the 1.5B update
+    compile for over 75 s there (docs/gpu.md)."""
+    if backend == "cpu":
+        return "blocked"
+    major = (compute_capability or "").split(".")[0]
+    fused = (
+        backend in ("gpu", "cuda")
+        and major.isdigit()
+        and int(major) >= 8
+        and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+        and head_dim % 8 == 0
+        and head_dim <= 128
+    )
+    return "cudnn" if fused else "xla"
+
+
 def full_attention(q, k, v, allowed, implementation: str = "auto"):
     """The attention of a cache-less causal pass (q `[B, T, H, d]`, k/v `[B, T, K, d]`, allowed `[B, T, T]`, causal,
     with padding and packed segments in it): `causal_attention`, or `jax.nn.dot_product_attention` with `allowed`
     as its mask (`ATTENTION_IMPLEMENTATIONS`). Equal on every row with an allowed key; a row with none (padding)
     is undefined by the formula, and each implementation returns something else there (callers never read it)."""
     if implementation == "auto":
-        implementation = "blocked" if jax.default_backend() == "cpu" else "xla"
+        device = jax.devices()[0]
+        implementation = auto_attention(
+            jax.default_backend(), q.dtype, q.shape[-1], getattr(device, "compute_capability", None)
+        )
     if implementation == "blocked":
         return causal_attention(q, k, v, allowed)
     return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation=implementation)

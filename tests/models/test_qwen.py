@@ -261,9 +261,11 @@ def test_attention_block_size_bounds_the_number_of_blocks(length):
 
 @pytest.mark.parametrize("dtype, atol, rtol", [(jnp.float32, 2e-5, 0), (jnp.bfloat16, 3e-2, 2e-2)])
 def test_dot_product_attention_equals_the_blocked_attention(dtype, atol, rtol):
-    """`jax.nn.dot_product_attention` (the "xla" implementation; "cudnn" is the same call on a GPU) with the
-    padding-and-segments mask = `causal_attention`, values and gradients, on rows with an allowed key."""
-    q, k, v, allowed = (x.astype(dtype) if x.dtype == jnp.float32 else x for x in _random_attention_inputs(seed=11))
+    """`jax.nn.dot_product_attention` with the padding-and-segments mask = `causal_attention`, values and
+    gradients, on rows with an allowed key: the "xla" implementation everywhere, and on a GPU "cudnn" too (the
+    fused kernel takes bfloat16 / float16 only). Head size 64 and 40 tokens: a shape cuDNN accepts."""
+    inputs = _random_attention_inputs(seed=11, length=40, dim=64)
+    q, k, v, allowed = (x.astype(dtype) if x.dtype == jnp.float32 else x for x in inputs)
     readable = jnp.any(allowed, axis=-1)[:, :, None, None]
     weights = jnp.asarray(np.random.RandomState(12).normal(size=q.shape), dtype) * readable
 
@@ -273,10 +275,33 @@ def test_dot_product_attention_equals_the_blocked_attention(dtype, atol, rtol):
         grads = jax.jit(jax.grad(lambda *x: jnp.sum((attend(*x) * weights).astype(jnp.float32)), argnums=(0, 1, 2)))
         return np.where(readable, np.asarray(out, np.float32), 0), [np.asarray(g, np.float32) for g in grads(q, k, v)]
 
-    (blocked, blocked_grads), (xla, xla_grads) = run("blocked"), run("xla")
-    np.testing.assert_allclose(xla, blocked, atol=atol, rtol=rtol)
-    for name, a, b in zip("qkv", xla_grads, blocked_grads):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=rtol, err_msg=f"d loss / d {name}")  # bf16: a few ulp
+    implementations = ["xla"] + (["cudnn"] if jax.default_backend() == "gpu" and dtype != jnp.float32 else [])
+    blocked, blocked_grads = run("blocked")
+    for implementation in implementations:
+        out, grads = run(implementation)
+        np.testing.assert_allclose(out, blocked, atol=atol, rtol=rtol, err_msg=implementation)
+        for name, a, b in zip("qkv", grads, blocked_grads):  # bf16: a few ulp
+            np.testing.assert_allclose(a, b, atol=atol, rtol=rtol, err_msg=f"{implementation}: d loss / d {name}")
+
+
+@pytest.mark.parametrize(
+    "backend, dtype, head_dim, capability, expected",
+    [
+        ("cpu", jnp.bfloat16, 128, None, "blocked"),
+        ("cpu", jnp.float32, 64, None, "blocked"),
+        ("gpu", jnp.bfloat16, 128, "9.0", "cudnn"),  # H100: measured fastest (docs/gpu.md)
+        ("gpu", jnp.float16, 64, "8.0", "cudnn"),
+        ("gpu", jnp.float32, 128, "9.0", "xla"),  # the fused kernel takes half precision only
+        ("gpu", jnp.bfloat16, 128, "7.0", "xla"),  # V100: no fused kernel
+        ("gpu", jnp.bfloat16, 256, "9.0", "xla"),  # head size over 128
+        ("gpu", jnp.bfloat16, 100, "9.0", "xla"),  # not a multiple of 8
+        ("gpu", jnp.bfloat16, 128, "gfx90a", "xla"),  # an AMD GPU
+        ("gpu", jnp.bfloat16, 128, None, "xla"),
+        ("tpu", jnp.bfloat16, 128, None, "xla"),
+    ],
+)
+def test_auto_attention_picks_the_fused_kernel_only_where_it_runs(backend, dtype, head_dim, capability, expected):
+    assert qwen.auto_attention(backend, dtype, head_dim, capability) == expected
 
 
 def test_the_model_with_dot_product_attention_gives_the_blocked_models_logits(hf_checkpoints):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from mathrl_jax.models import hf, tiny_config
+from mathrl_jax.models import hf, qwen, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")
@@ -38,7 +38,7 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
     report_path = out / "bench_gpu.json"
     with open(log, "w") as stdout:
         process = subprocess.Popen(
-            [sys.executable, SCRIPT, "--smoke", "--out", str(out)],
+            [sys.executable, SCRIPT, "--smoke", "--attention", "xla", "--out", str(out)],
             cwd=ROOT,
             env=ENV,
             stdout=stdout,
@@ -81,6 +81,7 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
                 assert value > 0, (name, key, value)
 
     update, matmul = steps["update"], steps["matmul"]
+    assert update["attention"] == steps["grpo"]["attention"] == "xla"  # --attention reached both steps
     assert update["tokens"] == update["rows"] * update["length"]
     assert update["flops_per_step"] == 6 * update["params"] * update["tokens"]
     assert math.isclose(update["tflops"], update["flops_per_step"] / update["median_seconds"] / 1e12)
@@ -144,7 +145,15 @@ def test_a_step_that_raises_or_runs_over_is_recorded_failed_and_the_next_still_r
 
 
 def test_bad_flags_are_refused():
-    done = subprocess.run(
-        [sys.executable, SCRIPT, "--only", "matmul,nosuch"], cwd=ROOT, env=ENV, capture_output=True, text=True
-    )
-    assert done.returncode == 2 and "nosuch" in done.stderr
+    for flags, named in ((["--only", "matmul,nosuch"], "nosuch"), (["--attention", "flash"], "flash")):
+        done = subprocess.run([sys.executable, SCRIPT, *flags], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert done.returncode == 2 and named in done.stderr
+
+
+def test_the_attention_choices_are_the_models():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(os.path.dirname(SCRIPT))
+    assert bench_gpu.ATTENTION_IMPLEMENTATIONS == qwen.ATTENTION_IMPLEMENTATIONS
