@@ -36,3 +36,12 @@ def test_the_vllm_example_runs_on_the_engine(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     version, ids = re.search(r"^(\d+) (\[[\d, ]*\])", done.stdout, re.M).groups()
     assert version == "1" and 1 <= len(eval(ids)) <= 8
+
+
+def test_the_sandbox_example_runs(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(block(ROOT / "docs" / "sandbox.md", "sandbox"))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    name, outcome = done.stdout.splitlines()
+    assert name.startswith(("namespace", "audit")) and outcome == "ok 45 ()"

@@ -7,28 +7,43 @@ hostile input: it only ever runs through here.
 
 Layers, each used where the machine offers it (`detect_isolation`):
 
-- rlimits (always): CPU seconds (`RLIMIT_CPU`), address space (`RLIMIT_AS`), file
-  size (`RLIMIT_FSIZE`), open files; no core files.
+- rlimits (always): CPU seconds (`RLIMIT_CPU`), address space (`RLIMIT_AS`, per
+  process), file size (`RLIMIT_FSIZE`), open files; no core files.
 - wall clock (always): the process group (and namespace, and cgroup) is SIGKILLed
   at `wall_time_s`.
 - bounded capture (always): at most `max_output_bytes` of stdout and of stderr are
   kept; more ends the run ("output_limit").
 - namespaces (`unshare`): fresh user, pid, net, mount, ipc, uts and cgroup
   namespaces. No network but a down loopback; `/proc` shows only the sandbox's
-  processes; everything dies with the namespace's first process; the working
-  directory is a tmpfs of `disk_bytes`.
+  processes; everything dies with the namespace's first process; the file system is
+  a private root (`pivot_root`) holding only the readable roots (bind mounts) and a
+  tmpfs working directory of `disk_bytes`: no host path outside them exists in there,
+  so no host pathname UNIX socket can be named (Landlock does not govern `connect`
+  on those, nor does the network namespace).
 - pids cgroup (a writable v1 or v2 pids controller): at most `max_processes`
   processes and threads.
+- memory cgroup (a writable v1 or v2 memory controller): `memory_bytes` for the whole
+  run, all its processes together (status "memory" when the OOM killer acts).
+  Without one the memory limit is `RLIMIT_AS`, per process.
 - Landlock (Linux >= 5.13): writes only inside the working directory; reads and
   exec only of system and interpreter directories; no mount changes; no TCP bind
   or connect (ABI >= 4); no signals or abstract sockets outside the sandbox (ABI >= 6).
+  Where processes are refused, no `execve` of any file either: the kernel's stop for
+  a process that native code starts without an audit event.
 - audit hook (always, PEP 578): refuses, with a `SandboxViolation` naming the
   operation, network calls, writes outside the working directory, reads outside
   it and the system / interpreter directories (so: no raw disks, no other
   processes' `/proc` entries, no caller's files) and symlinks; and, wherever the
-  kernel does not cap them, process creation and `ctypes` calls.
+  kernel does not cap them, process creation and `ctypes` calls. Paths are resolved
+  as the kernel walks them (symlinks, `..`, `/proc/self`) before they are checked,
+  and no path through a `/proc/<pid>/{root,cwd,fd/<n>/...}` magic link is opened.
+- native extension allow-list (where processes are refused): only the standard
+  library's extension modules (`lib-dynload`, less CPython's test modules) load;
+  native code acts without audit events (uvloop spawns a shell through libuv), and an
+  allow-list does not depend on knowing every package that spawns.
 
 Reads of system directories (`/etc`, `/usr`, ...) stay allowed: keep secrets out of them.
+What each mode guarantees, and the escapes tested against each: docs/sandbox.md.
 
 The audit hook (PEP 578) is not a security boundary on its own (the PEP says
 so): it is the refusal layer that names what was refused, and the fallback
@@ -51,7 +66,7 @@ Modules. Host side (the caller's process):
 
 - `limits`: `SandboxLimits` (what one run may use) and `Isolation` (which layers confine it).
 - `result`: `SandboxResult` and `STATUSES`, what one run reports.
-- `cgroup`: finding a pids cgroup parent, and the per-run `PidsCgroup`.
+- `cgroup`: finding pids / memory cgroup parents, and the per-run `PidsCgroup` and `MemoryCgroup`.
 - `isolation`: `detect_isolation` (unshare, cgroup, Landlock probes) and checking a request against it.
 - `outcome`: the supervisor's status report and the host's kill reason, turned into a status.
 - `host`: `run_python`, which starts the entry script and collects its output under the limits.
@@ -59,8 +74,8 @@ Modules. Host side (the caller's process):
 Child side (the sandbox's interpreter; standard library only, never `subprocess`):
 
 - `child`: the entry script, run by path: the pid-1 supervisor and the user program's
-  process (tmpfs, rlimits, stand-ins, then `exec`); defines `SandboxViolation`.
-- `audit`: the audit hook and what it refuses; the readable system paths.
+  process (private root, rlimits, stand-ins, then `exec`); defines `SandboxViolation`.
+- `audit`: the audit hook and what it refuses; the readable system paths; the native extension guard.
 - `landlock`: Landlock ABI detection (also used by the host) and its ruleset.
 
 Imports go one way: the host side imports the child side's modules (for the entry
@@ -68,7 +83,7 @@ script's path, `READ_ROOTS`, `landlock_abi`), never the reverse; `child` loads `
 and `landlock` by path when it runs, so neither of those imports a sibling.
 """
 
-from mathrl_jax.envs.sandbox.cgroup import pids_cgroup_parent
+from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.child import SandboxImportViolation, SandboxViolation
 from mathrl_jax.envs.sandbox.host import run_python
 from mathrl_jax.envs.sandbox.isolation import detect_isolation
@@ -85,6 +100,7 @@ __all__ = [
     "SandboxViolation",
     "detect_isolation",
     "landlock_abi",
+    "memory_cgroup_parent",
     "pids_cgroup_parent",
     "run_python",
 ]

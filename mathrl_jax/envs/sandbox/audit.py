@@ -6,6 +6,12 @@ directory, reads outside it and the system / interpreter directories, symlinks a
 wherever the kernel does not cap them, process creation and `ctypes` calls (see the
 package docstring for why it is not a boundary on its own).
 
+Paths are checked as the kernel will open them: `normalise` resolves symlinks and `..`
+in order and follows `/proc/self` to the pid, so `/proc/self/root/<host path>` is
+checked as `<host path>`, and a path through `/proc/<pid>/root`, `cwd` or `fd/<n>/...`
+is refused. Where processes are refused, `install_extension_guard` lets only the
+standard library's native extension modules load.
+
 Standard library only, and no imports of its siblings: `child.py` loads this file by path.
 The host reads `READ_ROOTS` from here, so that both sides share one list.
 """
@@ -24,6 +30,12 @@ Not /dev (raw disks): only `DEVICES` there; `/proc` only the sandbox's own proce
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 DEVICE_LINKS = ("/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")  # -> /proc/self/fd
 _PROC_REFUSED = ("kcore", "kmem", "mem", "kpagecount", "kpageflags", "kpagecgroup", "sysrq-trigger")
+_PROC_MAGIC_LINKS = ("root", "cwd", "exe", "fd", "map_files", "ns")
+"""Entries of `/proc/<pid>` (and `/proc/<pid>/task/<tid>`) that are the kernel's "magic links": opening a path
+through them jumps to that process's root, working directory or open files, whatever its `readlink` text says,
+so they are never followed when a path is resolved, and a path through them is refused (`/proc/self/fd/<n>`
+itself, the target of `/dev/fd/<n>`, stays allowed: it reopens a file the program already holds)."""
+_MAX_SYMLINKS = 40  # as the kernel's path walk (ELOOP)
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """Prefix of the sandbox's own source files (this package's directory): their frames are cut from the program's
@@ -75,6 +87,26 @@ NO_PROCESS_STAND_INS = ("_posixsubprocess",)
 """Where processes are refused, these modules are stand-ins whose functions raise the refusal
 (`_posixsubprocess.fork_exec` forks without an audit event), and loading the real ones is refused;
 `import subprocess` still works (sympy imports it), `subprocess.run` is refused."""
+_INTROSPECTION_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
+"""Refused where processes are: they would hand the program the real `_imp.create_dynamic` behind the guard."""
+STANDARD_EXTENSIONS = frozenset(
+    """
+    _asyncio _bisect _blake2 _bz2 _codecs_cn _codecs_hk _codecs_iso2022 _codecs_jp _codecs_kr _codecs_tw
+    _contextvars _crypt _csv _ctypes _datetime _decimal _elementtree _hashlib _heapq _hmac _json _lsprof _lzma
+    _md5 _multibytecodec _opcode _pickle _queue _random _sha1 _sha2 _sha256 _sha3 _sha512 _socket _ssl
+    _statistics _struct _typing _uuid _zoneinfo _zstd array audioop binascii cmath fcntl grp math mmap pyexpat
+    resource select termios unicodedata zlib
+    """.split()
+)
+"""The native extension modules a program may load where processes are refused (from `lib-dynload` only).
+
+Each is computation, or acts through calls that raise audit events (sockets, `mmap`, `ctypes`, `fcntl`).
+Left out on purpose: `_tkinter` (Tcl's `exec` and `open` run without audit events), `_sqlite3` (`ATTACH`
+and `VACUUM INTO` write files without one), `_dbm` / `_gdbm` and `_posixshmem` (files without `open`
+events), `_posixsubprocess` (forks unaudited), `_multiprocessing`, `_curses`, `readline`, `nis`, `spwd`,
+`syslog`, `ossaudiodev`, CPython's test and example modules (`_testcapi` runs code in a sub-interpreter,
+which has no audit hook; `_xxsubinterpreters` too), and every module a later CPython adds until it is
+reviewed and named here."""
 _CTYPES_EVENTS = (
     "ctypes.dlopen",
     "ctypes.dlsym",
@@ -121,6 +153,17 @@ def make_audit_hook(
         _devices=DEVICES,
         _device_links=DEVICE_LINKS,
         _proc_refused=_PROC_REFUSED,
+        _proc_magic=_PROC_MAGIC_LINKS,
+        _max_links=_MAX_SYMLINKS,
+        _lstat=os.lstat,
+        _readlink=os.readlink,
+        _islink=stat.S_ISLNK,
+        _list=builtins.list,
+        _reversed=builtins.reversed,
+        _introspection_events=_INTROSPECTION_EVENTS,
+        _any=builtins.any,
+        _OSError=builtins.OSError,
+        _ValueError=builtins.ValueError,
         _fd=report_fd,
         _allow_proc=processes_allowed,
         _violation=violation,
@@ -153,12 +196,12 @@ def make_audit_hook(
         def refuse(kind, detail, exc=None):
             try:
                 _write(_fd, _str.encode(_dumps({"event": "violation", "kind": kind, "detail": detail}) + "\n"))
-            except OSError:
+            except _OSError:
                 pass
             raise (exc if exc is not None else _violation(kind, detail))
 
-        def normalise(path):
-            """Absolute, `..`-free path as an exact str (None for a file descriptor)."""
+        def absolute(path):
+            """Absolute path as an exact str (None for a file descriptor); `..` and symlinks still in it."""
             if _isinstance(path, _int):
                 return None
             path = _fspath(path)
@@ -167,16 +210,51 @@ def make_audit_hook(
             path = _str_add("", path)
             if not _str.startswith(path, "/"):
                 path = _str_add(_str_add(_getcwd(), "/"), path)
+            return path
+
+        def normalise(path):
+            """The path the kernel opens: symlinks resolved and `..` applied in order, as the kernel's walk does.
+
+            A lexical check alone is fooled by `/proc/self/root/<host path>` (a link to `/`), by a symlink
+            followed by `..`, and by `/proc/<pid>/root`: those are resolved here before anything is checked.
+            `/proc/self` and `/proc/thread-self` are followed (to this process's pid); the magic links below
+            `/proc/<pid>` are not (see `_PROC_MAGIC_LINKS`), so `readable` sees and refuses them. A component
+            that does not exist (a file about to be created) is kept as it is. Only C functions bound at
+            install time are used: the program could replace `os.path.realpath`'s helpers.
+            """
+            path = absolute(path)
+            if path is None:
+                return None
+            pending = _list(_reversed(_str.split(path, "/")))
             parts = []
-            for part in _str.split(path, "/"):
+            links = 0
+            while pending:
+                part = _list.pop(pending)
                 if part == "" or part == ".":
                     continue
                 if part == "..":
                     if parts:
-                        parts.pop()
+                        _list.pop(parts)
                     continue
-                parts.append(part)
-            return "/" + "/".join(parts)
+                _list.append(parts, part)
+                if parts[0] == "proc" and _len(parts) > 2:
+                    continue  # below /proc/<pid>: magic links, never followed
+                current = _str_add("/", _str.join("/", parts))
+                try:
+                    is_link = _islink(_lstat(current).st_mode)
+                except (_OSError, _ValueError):
+                    is_link = False
+                if not is_link:
+                    continue
+                links += 1
+                if links > _max_links:
+                    refuse("filesystem", f"resolving {path} (too many symlinks)")
+                target = _readlink(current)
+                _list.pop(parts)
+                if _str.startswith(target, "/"):
+                    parts = []
+                _list.extend(pending, _reversed(_str.split(target, "/")))
+            return _str_add("/", _str.join("/", parts))
 
         def under(path, top):
             return path == top or _str.startswith(path, top + "/")
@@ -187,13 +265,29 @@ def make_audit_hook(
         def ours(filename):
             return _isinstance(filename, _str) and _str.startswith(filename, _sources)
 
+        def readable_proc(path):
+            """Only this process's own `/proc/<pid>` (never another's), and no path through its magic links."""
+            parts = _str.split(path, "/")[2:]
+            head = parts[0] if parts else ""
+            if head in _proc_refused:
+                return False
+            if not _str.isdigit(head):
+                return True  # /proc/meminfo, /proc/sys/...: `self` and `thread-self` were resolved to a pid
+            if _int(head) != _getpid():
+                return False
+            rest = parts[1:]
+            if _len(rest) >= 2 and rest[0] == "task":
+                rest = rest[2:]
+            if not rest or rest[0] not in _proc_magic:
+                return True
+            return rest[0] == "fd" and _len(rest) <= 2  # /proc/self/fd/<n> (/dev/fd/<n>): a file it already holds
+
         def readable(path):
-            if _str.startswith(path, "/proc/"):
-                head = _str.split(path[6:], "/")[0]
-                return not (_str.isdigit(head) and _int(head) != _getpid()) and head not in _proc_refused
+            if path == "/proc" or _str.startswith(path, "/proc/"):
+                return readable_proc(path)
             if _str.startswith(path, "/dev/"):
-                return path in _devices or any(under(path, link) for link in _device_links)
-            return any(under(path, top) for top in _read_roots)
+                return path in _devices or _any(under(path, link) for link in _device_links)
+            return _any(under(path, top) for top in _read_roots)
 
         if event == "open":
             path, mode, flags = args[0], args[1], args[2]
@@ -208,7 +302,7 @@ def make_audit_hook(
                     refuse("filesystem", f"reading {norm}")
                 try:
                     is_dir = _isdir(_stat(norm).st_mode)
-                except (OSError, ValueError):
+                except (_OSError, _ValueError):
                     is_dir = False
                 if is_dir:  # a directory descriptor outside would let dir_fd-relative writes escape
                     refuse("filesystem", f"opening the directory {norm}")
@@ -237,12 +331,21 @@ def make_audit_hook(
             if not _allow_proc and args[0] in _stand_ins:
                 message = f"loading {args[0]} (no process creation in this sandbox)"
                 refuse("process_limit", message, _import_violation("process_limit", message))
+        elif event in _introspection_events:
+            if not _allow_proc:
+                refuse("forbidden", f"{event} (it would reach the sandbox's guarded functions)")
         elif event in _ctypes_events:
             # ctypes' types stay usable (sympy needs them); calling, loading and raw memory do not.
             if not _allow_proc and not (event == "ctypes.dlopen" and args[0] is None):
                 refuse("forbidden", f"{event} (no foreign calls in this sandbox)")
         elif event == "sqlite3.enable_load_extension" or event == "sqlite3.load_extension":
             refuse("forbidden", event)
+        elif event == "object.__getattr__":
+            # The guards' defaults hold the functions they guard (see `install_extension_guard`).
+            if args[1] in ("__defaults__", "__kwdefaults__") and not _allow_proc:
+                code = _getattr(args[0], "__code__", None)
+                if code is not None and ours(_getattr(code, "co_filename", None)):
+                    refuse("forbidden", "reading the sandbox's functions' defaults")
         elif event == "object.__setattr__" or event == "object.__delattr__":
             code = _getattr(args[0], "__code__", None)
             if (
@@ -253,3 +356,144 @@ def make_audit_hook(
                 refuse("forbidden", "changing the sandbox's functions")
 
     return hook
+
+
+# ----------------------------------------------------------------------------- native extension modules
+
+
+def install_extension_guard(allowed_dirs: list[str], report_fd: int, import_violation: type[ImportError]) -> None:
+    """Where processes are refused, loads native extension modules only from the standard library's `lib-dynload`.
+
+    Native code is outside the audit hook's sight: an installed extension can fork, exec or
+    connect without a single audit event (uvloop spawns a shell through libuv). The audit
+    hook has no event for loading one (`dlopen` of an extension raises none), so the single
+    function that loads them, `_imp.create_dynamic`, is replaced by a guard; `_imp.create_builtin`
+    is guarded too, as it could make a fresh `_imp` module with the real function.
+
+    An allow-list, not a deny-list of known spawners: the packages a program might find
+    installed are open-ended (uvloop, gevent, psutil, pty helpers, any library linking
+    libuv or calling `posix_spawn`), and a deny-list misses the next one. The standard
+    library's extensions are a fixed set, reviewed one by one (`STANDARD_EXTENSIONS`: their
+    process, file and network calls raise audit events); a module is loaded only when its
+    name is listed there and its file lies in `lib-dynload`.
+
+    The guard resolves the file's real path with C functions only and passes the loader a
+    fresh spec of exact `str` copies (a program's spec object could answer differently on a
+    second read). The real functions sit in the guards' defaults, which the audit hook keeps
+    the program from reading, and `gc` introspection (which would find them) is refused.
+    """
+    import _imp
+    import builtins
+    import stat
+    import types
+
+    allowed = tuple(os.path.realpath(d) for d in allowed_dirs if os.path.isdir(d))
+
+    # Every name the guards (and the hook) use is a default argument: `_imp.create_dynamic.__globals__` (readable
+    # without an audit event) is this module's namespace, which the program could otherwise rebind (`any`, ...).
+    def refuse(
+        message,
+        _fd=report_fd,
+        _write=os.write,
+        _dumps=json.dumps,
+        _violation=import_violation,
+        _str=str,
+        _OSError=OSError,
+    ):
+        try:
+            _write(_fd, _str.encode(_dumps({"event": "violation", "kind": "forbidden", "detail": message}) + "\n"))
+        except _OSError:
+            pass
+        raise _violation("forbidden", message)
+
+    def real_path(
+        path,
+        _lstat=os.lstat,
+        _readlink=os.readlink,
+        _islink=stat.S_ISLNK,
+        _str=builtins.str,
+        _list=builtins.list,
+        _reversed=builtins.reversed,
+        _getcwd=os.getcwd,
+        _max_links=_MAX_SYMLINKS,
+        _OSError=builtins.OSError,
+        _ValueError=builtins.ValueError,
+    ):
+        """`os.path.realpath` with bound C functions only (the program could rebind posixpath's helpers)."""
+        if not _str.startswith(path, "/"):
+            path = _getcwd() + "/" + path
+        pending, parts, links = _list(_reversed(_str.split(path, "/"))), [], 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if parts:
+                    parts.pop()
+                continue
+            parts.append(part)
+            current = "/" + "/".join(parts)
+            try:
+                is_link = _islink(_lstat(current).st_mode)
+            except (_OSError, _ValueError):
+                is_link = False
+            if is_link:
+                links += 1
+                if links > _max_links:
+                    return None
+                target = _readlink(current)
+                parts.pop()
+                if _str.startswith(target, "/"):
+                    parts = []
+                pending.extend(_reversed(_str.split(target, "/")))
+        return "/" + "/".join(parts)
+
+    def create_dynamic(
+        spec,
+        file=None,
+        _real_create_dynamic=_imp.create_dynamic,
+        _allowed=allowed,
+        _real_path=real_path,
+        _standard=STANDARD_EXTENSIONS,
+        _refuse=refuse,
+        _namespace=types.SimpleNamespace,
+        _str=builtins.str,
+        _isinstance=builtins.isinstance,
+        _getattr=builtins.getattr,
+        _any=builtins.any,
+        _repr=builtins.repr,
+    ):
+        name, origin = _getattr(spec, "name", None), _getattr(spec, "origin", None)
+        if not (_isinstance(name, _str) and _isinstance(origin, _str)):
+            _refuse(f"loading a native extension from the spec {_repr(spec)[:200]}")
+        name, origin = _str.__add__("", name), _str.__add__("", origin)
+        path = _real_path(origin)
+        stem = _str.partition(_str.rpartition(path or "", "/")[2], ".")[0]
+        if (
+            path is None
+            or not _any(_str.startswith(path, top + "/") for top in _allowed)
+            or _str.rpartition(name, ".")[2] not in _standard
+            or stem not in _standard
+        ):
+            _refuse(f"loading the native extension {name} from {origin} (only the standard library's are allowed)")
+        return _real_create_dynamic(_namespace(name=name, origin=path))
+
+    def create_builtin(
+        spec,
+        _real_create_builtin=_imp.create_builtin,
+        _refuse=refuse,
+        _namespace=types.SimpleNamespace,
+        _str=builtins.str,
+        _isinstance=builtins.isinstance,
+        _getattr=builtins.getattr,
+    ):
+        name = _getattr(spec, "name", None)
+        if not _isinstance(name, _str):
+            _refuse("creating a built-in module from a spec without a name")
+        name = _str.__add__("", name)
+        if name == "_imp":  # a fresh `_imp` would carry the real create_dynamic
+            _refuse(f"creating a fresh built-in module {name}")
+        return _real_create_builtin(_namespace(name=name))
+
+    _imp.create_dynamic = create_dynamic
+    _imp.create_builtin = create_builtin

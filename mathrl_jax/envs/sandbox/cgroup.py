@@ -1,9 +1,15 @@
-"""The pids cgroup that caps a run's processes and threads (`SandboxLimits.max_processes`).
+"""The per-run cgroups: pids (`SandboxLimits.max_processes`) and memory (`SandboxLimits.memory_bytes`).
 
 We run as root, and `RLIMIT_NPROC` never binds a process whose real uid is root (not
 even inside a user namespace mapped to root), so a pids cgroup is the process cap:
 `pids_cgroup_parent` finds a cgroup (v1 or v2) under which this process may create
 pids-limited children, and each run gets its own `PidsCgroup` under it.
+
+`RLIMIT_AS` is per process: six children of 300 MB each fit under a 512 MB `RLIMIT_AS`.
+Where a memory controller is writable (`memory_cgroup_parent`), each run also gets a
+`MemoryCgroup` whose limit (`memory.max` in v2, `memory.limit_in_bytes` in v1) holds
+all of the run's processes together; the kernel's OOM killer ends a process of the run
+that would pass it, and the run's status is "memory".
 """
 
 from __future__ import annotations
@@ -42,13 +48,12 @@ def _cgroup_mounts() -> list[tuple[str, str, str]]:
     return mounts
 
 
-@functools.cache
-def pids_cgroup_parent() -> str | None:
-    """A cgroup directory under which this process may create pids-limited children, or None."""
+def _usable_parent(controller: str, limit_file: str) -> str | None:
+    """A cgroup directory (v1 or v2) under which this process may create children limited by `controller`."""
     own = _own_cgroup_paths()
     for mount_point, fs_type, options in _cgroup_mounts():
-        if fs_type == "cgroup" and "pids" in options.split(","):
-            relative = next((p for c, p in own.items() if "pids" in c.split(",")), "/")
+        if fs_type == "cgroup" and controller in options.split(","):
+            relative = next((p for c, p in own.items() if controller in c.split(",")), "/")
         elif fs_type == "cgroup2":
             relative = own.get("", "/")
         else:
@@ -57,7 +62,7 @@ def pids_cgroup_parent() -> str | None:
         if fs_type == "cgroup2":
             try:
                 with open(os.path.join(parent, "cgroup.subtree_control")) as f:
-                    if "pids" not in f.read().split():
+                    if controller not in f.read().split():
                         continue
             except OSError:
                 continue
@@ -67,7 +72,7 @@ def pids_cgroup_parent() -> str | None:
         except OSError:
             continue
         try:
-            usable = os.path.exists(os.path.join(probe, "pids.max")) and os.access(
+            usable = os.path.exists(os.path.join(probe, limit_file)) and os.access(
                 os.path.join(probe, "cgroup.procs"), os.W_OK
             )
         finally:
@@ -79,6 +84,18 @@ def pids_cgroup_parent() -> str | None:
             _remove_stale_cgroups(parent)
             return parent
     return None
+
+
+@functools.cache
+def pids_cgroup_parent() -> str | None:
+    """A cgroup directory under which this process may create pids-limited children, or None."""
+    return _usable_parent("pids", "pids.max")
+
+
+@functools.cache
+def memory_cgroup_parent() -> str | None:
+    """A cgroup directory under which this process may create memory-limited children, or None."""
+    return _usable_parent("memory", "memory.max") or _usable_parent("memory", "memory.limit_in_bytes")
 
 
 def _remove_stale_cgroups(parent: str) -> None:
@@ -97,25 +114,33 @@ def _remove_stale_cgroups(parent: str) -> None:
                     pass
 
 
-class PidsCgroup:
-    """A per-run pids cgroup: created with `pids.max`, killed and removed at the end."""
+class RunCgroup:
+    """A cgroup of one run: created under `parent`, every process in it killed and the cgroup removed at the end."""
 
-    def __init__(self, parent: str, max_pids: int):
+    def __init__(self, parent: str):
         self.path = os.path.join(parent, f"mathrl_sandbox_{os.getpid()}_{uuid.uuid4().hex[:12]}")
         os.mkdir(self.path)
-        with open(os.path.join(self.path, "pids.max"), "w") as f:
-            f.write(str(max_pids))
+
+    def _write(self, name: str, value: int) -> None:
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(str(value))
+
+    def _events(self, name: str) -> dict[str, int]:
+        """A flat-keyed cgroup file (`pids.events`, `memory.events`, `memory.oom_control`) as {key: count}."""
+        counts = {}
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) == 2 and fields[1].isdigit():
+                        counts[fields[0]] = int(fields[1])
+        except OSError:
+            pass
+        return counts
 
     @property
     def procs(self) -> str:
         return os.path.join(self.path, "cgroup.procs")
-
-    def hit_max(self) -> bool:
-        try:
-            with open(os.path.join(self.path, "pids.events")) as f:
-                return any(line.split()[:1] == ["max"] and int(line.split()[1]) > 0 for line in f)
-        except (OSError, ValueError, IndexError):
-            return False
 
     def pids(self) -> list[int]:
         try:
@@ -140,3 +165,35 @@ class PidsCgroup:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.01)
+
+
+class PidsCgroup(RunCgroup):
+    """A per-run pids cgroup: at most `max_pids` processes and threads."""
+
+    def __init__(self, parent: str, max_pids: int):
+        super().__init__(parent)
+        self._write("pids.max", max_pids)
+
+    def hit_max(self) -> bool:
+        return self._events("pids.events").get("max", 0) > 0
+
+
+class MemoryCgroup(RunCgroup):
+    """A per-run memory cgroup: all the run's processes together use at most `max_bytes` (no swap)."""
+
+    def __init__(self, parent: str, max_bytes: int):
+        super().__init__(parent)
+        self.max_bytes = max_bytes
+        if os.path.exists(os.path.join(self.path, "memory.max")):  # v2
+            self._write("memory.max", max_bytes)
+            if os.path.exists(os.path.join(self.path, "memory.swap.max")):
+                self._write("memory.swap.max", 0)
+        else:  # v1; memory+swap may not be below memory, so it is written second
+            self._write("memory.limit_in_bytes", max_bytes)
+            if os.path.exists(os.path.join(self.path, "memory.memsw.limit_in_bytes")):
+                self._write("memory.memsw.limit_in_bytes", max_bytes)
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the run for passing the limit."""
+        events = self._events("memory.events") or self._events("memory.oom_control")
+        return events.get("oom_kill", 0) > 0

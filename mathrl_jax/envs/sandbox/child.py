@@ -60,16 +60,86 @@ class SandboxImportViolation(ImportError):
 
 _MS_NOSUID = 2
 _MS_NODEV = 4
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+"""pivot_root(2) has no glibc wrapper; its number differs between architectures."""
 
 
-def _mount_tmpfs(path: str, size_bytes: int) -> None:
-    """Mounts a tmpfs of `size_bytes` on the working directory (in the run's mount namespace): the disk limit."""
+def _libc_call(name: str, *args) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    options = f"size={size_bytes},mode=0700".encode()
-    if libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
-        raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+    if getattr(libc, name)(*args) != 0:
+        raise OSError(ctypes.get_errno(), f"{name}{args}")
+
+
+def _mount_tmpfs(path: str, size_bytes: int, mode: int = 0o700) -> None:
+    """Mounts a tmpfs of `size_bytes` on `path` (in the run's mount namespace): the disk limit."""
+    options = f"size={size_bytes},mode={mode:o}".encode()
+    _libc_call("mount", b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
+
+
+def _bind(source: str, target: str) -> None:
+    """Makes `source` (a directory, or a file such as /dev/null) visible at `target`, submounts included."""
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _libc_call("mount", source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None)
+
+
+def _enter_private_root(config: dict[str, Any]) -> None:
+    """Replaces the namespace's file system by one holding only the readable roots and the working directory.
+
+    Landlock does not govern `connect` on a pathname UNIX socket (nor does the network namespace), so a
+    program that escapes the audit hook (an exec'd interpreter has none) could reach any host server whose
+    socket file it can name: /tmp/.X11-unix, /run/docker.sock, an agent's socket in $HOME. Hiding the host's
+    directories with tmpfs mounts would be a deny-list of places sockets live; instead the namespace gets a
+    new root (`pivot_root`, the old root detached) built from the allow-list that Landlock and the audit
+    hook already use: each read root bind-mounted at its own path, the devices in `DEVICES`, and a fresh
+    tmpfs working directory of `disk_bytes`. A host socket outside those roots does not exist in there.
+    """
+    machine = os.uname().machine
+    if machine not in _SYS_PIVOT_ROOT:
+        raise OSError(f"no pivot_root syscall number known for {machine}")
+    workdir = config["workdir"]
+    new_root = os.path.dirname(workdir)  # the host's private temporary directory of this run
+    # Nothing may propagate to the host's mounts (unshare makes them private already; be sure).
+    _libc_call("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+    _mount_tmpfs(new_root, 1 << 20, mode=0o755)  # holds only the directories that the mounts need
+    roots = sorted({os.path.normpath(r) for r in config["read_roots"]})
+    for root in roots:
+        if any(root != other and root.startswith(other.rstrip("/") + "/") for other in roots):
+            continue  # inside another root's bind mount already
+        target = new_root + root
+        if os.path.islink(root):  # e.g. /lib -> usr/lib on merged-/usr systems: the same link inside
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(os.readlink(root), target)
+        elif os.path.exists(root):
+            _bind(root, target)
+    for device in audit.DEVICES:
+        if os.path.exists(device):
+            _bind(device, new_root + device)
+    for link in audit.DEVICE_LINKS:  # /dev/fd -> /proc/self/fd, /dev/stdin -> /proc/self/fd/0, ...
+        if os.path.islink(link):
+            os.symlink(os.readlink(link), new_root + link)
+    os.makedirs(new_root + "/tmp", exist_ok=True)
+    os.chmod(new_root + "/tmp", 0o1777)
+    os.makedirs(new_root + workdir, exist_ok=True)
+    _mount_tmpfs(new_root + workdir, config["disk_bytes"])
+    import ctypes
+
+    os.chdir(new_root)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # pivot_root(".", ".") stacks the old root on the new one; detaching it leaves only the new root.
+    if libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT[machine]), b".", b".") != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    _libc_call("umount2", b".", _MNT_DETACH)
+    os.chdir("/")
 
 
 def _set_rlimits(config: dict[str, Any]) -> None:
@@ -141,7 +211,9 @@ def _format_exception(exc: BaseException) -> str:
     """The program's traceback without the sandbox's own frames (those of any file in `audit.SOURCE_DIR`)."""
     import traceback
 
-    formatted = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    # lookup_lines=False: source lines are read when formatting, after the sandbox's own frames are cut, so the
+    # traceback never asks the audit hook for the sandbox's files (which would read as refusals).
+    formatted = traceback.TracebackException(type(exc), exc, exc.__traceback__, lookup_lines=False)
     seen = set()
     pending = [formatted]
     while pending:
@@ -173,10 +245,19 @@ def _worker(config: dict[str, Any], report_fd: int) -> None:
     try:
         os.chdir(workdir)
         if config["landlock_abi"]:
-            landlock.apply_landlock(config["landlock_abi"], workdir, config["read_roots"], audit.DEVICES)
+            landlock.apply_landlock(
+                config["landlock_abi"],
+                workdir,
+                config["read_roots"],
+                audit.DEVICES,
+                allow_execute=config["processes_allowed"],
+            )
         _set_rlimits(config)
         if not config["processes_allowed"]:
             _install_stand_ins()
+            # Native code spawns without audit events: only the standard library's extensions load.
+            standard_extensions = [p for p in sys.path if os.path.basename(p) == "lib-dynload"]
+            audit.install_extension_guard(standard_extensions, report_fd, SandboxImportViolation)
         hook = audit.make_audit_hook(
             workdir,
             report_fd,
@@ -256,9 +337,12 @@ def _supervise(config_path: str) -> None:
     workdir = config["workdir"]
     if config["namespaces"]:
         try:
-            _mount_tmpfs(workdir, config["disk_bytes"])
-        except OSError as e:
-            events.append({"event": "note", "detail": f"no tmpfs working directory: {e}"})
+            _enter_private_root(config)
+        except OSError as e:  # fail closed: without its own root the program could reach host sockets
+            failure = {"event": "setup_error", "detail": f"could not build the sandbox's root file system: {e}"}
+            report = {"returncode": None, "signal": None, "cpu_s": 0.0, "events": [failure]}
+            os.write(status_fd, json.dumps(report).encode())
+            os._exit(70)
     os.chdir(workdir)
     report_r, report_w = os.pipe()
     pid = os.fork()
@@ -305,5 +389,18 @@ def _supervise(config_path: str) -> None:
     os._exit(0)
 
 
+def _probe_private_root(base: str, read_roots: list[str]) -> None:
+    """`child.py --probe-root BASE ROOTS` (under `unshare`, from `isolation.detect_isolation`): builds a private
+    root as a run would, in BASE; exits 0 when it could, 1 otherwise."""
+    try:
+        _enter_private_root({"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20})
+        os.listdir("/")
+    except OSError:
+        os._exit(1)
+    os._exit(0)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--probe-root":
+        _probe_private_root(sys.argv[2], json.loads(sys.argv[3]))
     _supervise(sys.argv[1])

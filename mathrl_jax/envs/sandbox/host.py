@@ -1,8 +1,8 @@
 """The host side of a run: `run_python` starts the sandbox's entry script and collects what it writes.
 
 It writes the run's config (code, limits, layers) to a private temporary directory,
-starts `child.py` with a cleaned environment (under `unshare` and in a fresh pids
-cgroup where available), feeds stdin, reads stdout / stderr / the supervisor's status
+starts `child.py` with a cleaned environment (under `unshare` and in fresh pids and
+memory cgroups where available), feeds stdin, reads stdout / stderr / the supervisor's status
 pipe up to `max_output_bytes` until the wall clock, kills whatever is left and removes
 the directory.
 """
@@ -22,7 +22,7 @@ import time
 
 from mathrl_jax.envs.sandbox import child
 from mathrl_jax.envs.sandbox.audit import READ_ROOTS
-from mathrl_jax.envs.sandbox.cgroup import PidsCgroup, pids_cgroup_parent
+from mathrl_jax.envs.sandbox.cgroup import MemoryCgroup, PidsCgroup, RunCgroup, memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.isolation import UNSHARE_FLAGS, resolve_isolation
 from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
 from mathrl_jax.envs.sandbox.outcome import classify, parse_status
@@ -84,7 +84,7 @@ def run_python(
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
     iso = resolve_isolation(isolation)
     base = os.path.realpath(tempfile.mkdtemp(prefix="mathrl_sandbox_"))
-    cgroup = None
+    cgroup = memory = None
     try:
         if iso.pids_cgroup:
             try:
@@ -92,6 +92,11 @@ def run_python(
                 cgroup = PidsCgroup(pids_cgroup_parent(), limits.max_processes + 2)
             except OSError:  # the cgroup parent went away: run without it, and so without child processes
                 iso = dataclasses.replace(iso, pids_cgroup=False)
+        if iso.memory_cgroup:
+            try:
+                memory = MemoryCgroup(memory_cgroup_parent(), limits.memory_bytes)
+            except OSError:  # the cgroup parent went away: RLIMIT_AS (per process) is left
+                iso = dataclasses.replace(iso, memory_cgroup=False)
         workdir = os.path.join(base, "work")
         os.mkdir(workdir, 0o700)
         config_path = os.path.join(base, "config.json")
@@ -105,8 +110,11 @@ def run_python(
             config_path,
         ]
         command = [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, "--", *python] if iso.namespaces else python
-        if cgroup is not None:
-            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cgroup.procs, *command]
+        run_cgroups = [c for c in (cgroup, memory) if c is not None]
+        if run_cgroups:  # the shell joins the run's cgroups, then becomes the sandbox: all its processes are in them
+            joins = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(run_cgroups)))
+            script = f'{joins} && shift {len(run_cgroups)} && exec "$@"'
+            command = ["/bin/sh", "-c", script, "sandbox", *(c.procs for c in run_cgroups), *command]
         status_r, status_w = os.pipe()
         config = {
             "code": code,
@@ -125,28 +133,28 @@ def run_python(
         }
         with open(config_path, "w") as f:
             json.dump(config, f)
-        return _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup)
+        return _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup, memory)
     finally:
-        if cgroup is not None:
-            cgroup.kill_all_and_remove()
+        for run_cgroup in (cgroup, memory):
+            if run_cgroup is not None:
+                run_cgroup.kill_all_and_remove()
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _kill(proc, cgroup: PidsCgroup | None) -> None:
-    """SIGKILLs the run's process group and, where there is one, every process in its cgroup."""
+def _kill(proc, *cgroups: RunCgroup | None) -> None:
+    """SIGKILLs the run's process group and, where there are any, every process in its cgroups."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if cgroup is not None:
-        for pid in cgroup.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    for pid in {pid for c in cgroups if c is not None for pid in c.pids()}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-def _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup) -> SandboxResult:
+def _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup, memory) -> SandboxResult:
     """Starts `command`, feeds `stdin`, reads stdout, stderr and the status pipe under the wall clock and output cap."""
     start = time.monotonic()
     try:
@@ -221,7 +229,7 @@ def _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgrou
                     break
     finally:
         if killed_for is not None:
-            _kill(proc, cgroup)
+            _kill(proc, cgroup, memory)
         selector.close()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
@@ -232,13 +240,13 @@ def _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgrou
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            _kill(proc, cgroup)
+            _kill(proc, cgroup, memory)
             proc.wait()
     elapsed = time.monotonic() - start
     stdout = bytes(buffers[out_fd]).decode("utf-8", "replace")
     stderr = bytes(buffers[err_fd]).decode("utf-8", "replace")
     report = parse_status(bytes(buffers[status_r]))
-    status, returncode, sig, violations, cpu = classify(report, proc.returncode, killed_for, limits, cgroup)
+    status, returncode, sig, violations, cpu = classify(report, proc.returncode, killed_for, limits, cgroup, memory)
     return SandboxResult(
         status=status,
         stdout=stdout,

@@ -1,18 +1,21 @@
 """Which isolation layers this machine offers (`detect_isolation`), and checking a run's request against them.
 
 A layer is used only where it works here: `unshare` with user namespaces, a writable
-pids cgroup, a kernel with Landlock. `run_python(isolation="auto")` takes them all.
+pids cgroup, a writable memory cgroup, a kernel with Landlock. `run_python(isolation="auto")` takes them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from mathrl_jax.envs.sandbox.cgroup import pids_cgroup_parent
+from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.landlock import landlock_abi
 from mathrl_jax.envs.sandbox.limits import Isolation
 
@@ -54,12 +57,41 @@ def _unshare_works(unshare: str) -> bool:
     return probe.returncode == 0
 
 
+@functools.cache
+def _private_root_works(unshare: str) -> bool:
+    """Whether a namespaced run can build its own root file system here (bind mounts and `pivot_root`,
+    `child._enter_private_root`). A namespaced run fails closed without it (host sockets would be reachable), so
+    a machine where `unshare` works but this does not is given the modes without namespaces instead."""
+    from mathrl_jax.envs.sandbox import audit, child
+
+    base = os.path.realpath(tempfile.mkdtemp(prefix="mathrl_sandbox_probe_"))
+    try:
+        os.mkdir(os.path.join(base, "work"), 0o700)
+        roots = [r for r in (sys.prefix, sys.base_prefix, *audit.READ_ROOTS) if os.path.exists(r)]
+        probe = subprocess.run(
+            [shutil.which(unshare), *UNSHARE_FLAGS, "--", sys.executable, "-I", "-B", "-S", child.__file__]
+            + ["--probe-root", base, json.dumps(roots)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+        return probe.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def detect_isolation(unshare: str = "unshare") -> Isolation:
     """The strongest isolation this machine offers (`unshare` is the binary to probe)."""
     return Isolation(
-        namespaces=sys.platform.startswith("linux") and _unshare_works(unshare),
+        namespaces=sys.platform.startswith("linux") and _unshare_works(unshare) and _private_root_works(unshare),
         pids_cgroup=pids_cgroup_parent() is not None,
         landlock_abi=landlock_abi(),
+        memory_cgroup=memory_cgroup_parent() is not None,
     )
 
 
@@ -83,6 +115,8 @@ def resolve_isolation(isolation: str | Isolation) -> Isolation:
         missing.append("namespaces")
     if requested.pids_cgroup and not available.pids_cgroup:
         missing.append("pids_cgroup")
+    if requested.memory_cgroup and not available.memory_cgroup:
+        missing.append("memory_cgroup")
     if requested.landlock_abi > available.landlock_abi:
         missing.append(f"landlock_abi={requested.landlock_abi} (kernel has {available.landlock_abi})")
     if missing:

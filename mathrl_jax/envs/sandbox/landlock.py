@@ -50,10 +50,15 @@ def landlock_abi() -> int:
     return max(int(version), 0)
 
 
-def apply_landlock(abi: int, workdir: str, read_roots: list[str], devices: tuple[str, ...]) -> None:
+def apply_landlock(
+    abi: int, workdir: str, read_roots: list[str], devices: tuple[str, ...], allow_execute: bool = True
+) -> None:
     """Writes only under `workdir`; read/exec only under `read_roots`; no TCP; scoped signals/sockets.
 
     `devices` may be read (and /dev/null written): the rest of /dev (raw disks) stays closed.
+    `allow_execute=False` (where processes are refused) grants `execve` of no file at all: the kernel's
+    stop for a process started where the audit hook cannot see it (native code: libuv, `posix_spawn`).
+    Loading shared libraries (`mmap` with PROT_EXEC) is not an `execve`, so imports still work.
     """
     import ctypes
 
@@ -74,9 +79,11 @@ def apply_landlock(abi: int, workdir: str, read_roots: list[str], devices: tuple
     ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
-    read = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+    execute = _FS_EXECUTE if allow_execute else 0
+    read = execute | _FS_READ_FILE | _FS_READ_DIR
+    workdir_access = fs if allow_execute else fs & ~_FS_EXECUTE
     file_write = _FS_WRITE_FILE | _FS_READ_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
-    rules = [(root, read) for root in read_roots] + [(workdir, fs), ("/dev/null", file_write)]
+    rules = [(root, read) for root in read_roots] + [(workdir, workdir_access), ("/dev/null", file_write)]
     rules += [(device, _FS_READ_FILE) for device in devices]
     try:
         for path, access in rules:

@@ -12,7 +12,10 @@ class SandboxLimits:
     Attributes:
       wall_time_s: wall-clock seconds from start to kill (GEM's python tool: 5).
       cpu_time_s: CPU seconds of the user program (`RLIMIT_CPU`, whole seconds).
-      memory_bytes: address-space limit of each process (`RLIMIT_AS`).
+      memory_bytes: address-space limit of each process (`RLIMIT_AS`) and, with a memory cgroup, the
+        memory of the whole run, all its processes together (without one, the limit is per process:
+        processes are then refused unless namespaces + a pids cgroup + Landlock confine them, and
+        `max_processes` of them may each use `memory_bytes`).
       file_size_bytes: largest file the program may write (`RLIMIT_FSIZE`).
       disk_bytes: size of the working directory (a tmpfs; namespace isolation only).
       max_processes: processes + threads of the user program, itself included
@@ -52,11 +55,13 @@ class Isolation:
       namespaces: run under `unshare` in fresh user/pid/net/mount/ipc/uts/cgroup namespaces.
       pids_cgroup: cap processes with a pids cgroup.
       landlock_abi: Landlock ABI version to apply (0: none).
+      memory_cgroup: hold the whole run's memory to `memory_bytes` with a memory cgroup.
     """
 
     namespaces: bool
     pids_cgroup: bool
     landlock_abi: int
+    memory_cgroup: bool = False
 
     @property
     def processes_allowed(self) -> bool:
@@ -65,10 +70,12 @@ class Isolation:
 
     @property
     def name(self) -> str:
-        """e.g. "namespace+cgroup+landlock7" or "audit"."""
+        """e.g. "namespace+cgroup+memcg+landlock7" or "audit"."""
         parts = ["namespace" if self.namespaces else "audit"]
         if self.pids_cgroup:
             parts.append("cgroup")
+        if self.memory_cgroup:
+            parts.append("memcg")
         if self.landlock_abi:
             parts.append(f"landlock{self.landlock_abi}")
         return "+".join(parts)

@@ -22,17 +22,23 @@ def parse_status(raw: bytes) -> dict[str, Any] | None:
         return None
 
 
-def classify(report, host_returncode, killed_for, limits, cgroup):
+def classify(report, host_returncode, killed_for, limits, cgroup, memory=None):
     """(status, returncode, signal, violations, cpu seconds) from the supervisor's report.
 
     `killed_for` is the limit the host killed the run for ("timeout", "output_limit") or None;
-    `cgroup` the run's `PidsCgroup` (its `pids.events` tell whether the process cap was hit) or None.
+    `cgroup` the run's `PidsCgroup` (its `pids.events` tell whether the process cap was hit) or None;
+    `memory` the run's `MemoryCgroup` (whether the OOM killer ended one of its processes) or None.
     """
     capped = cgroup is not None and cgroup.hit_max()
     cap_note = (f"process_limit: the cap of {limits.max_processes} processes was reached",) if capped else ()
+    out_of_memory = memory is not None and memory.oom_killed()
+    if out_of_memory:
+        cap_note += (f"memory: the run's limit of {limits.memory_bytes} bytes (all processes) was reached",)
     if report is None:
         if killed_for is not None:
             return killed_for, None, signal.SIGKILL, cap_note, None
+        if out_of_memory:  # the OOM killer chose the supervisor itself
+            return "memory", None, signal.SIGKILL, cap_note, None
         detail = "" if host_returncode is None else f" (exit {host_returncode})"
         return "sandbox_error", host_returncode, None, ("sandbox: no status from the supervisor" + detail,), None
     # The events came through the program's process: it could have forged them, so trust no field's shape.
@@ -46,6 +52,8 @@ def classify(report, host_returncode, killed_for, limits, cgroup):
     cpu = report.get("cpu_s")
     if killed_for is not None:
         return killed_for, None, signal.SIGKILL, violations, cpu
+    if setup_error is None and out_of_memory:  # whichever process the OOM killer chose, the run passed its limit
+        return "memory", returncode, sig, violations, cpu
     if setup_error is not None:
         return "sandbox_error", returncode, sig, violations + (f"sandbox: {setup_error.get('detail')}",), cpu
     if sig is not None:
