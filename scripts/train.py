@@ -35,14 +35,21 @@ def parse_config(argv):
         flags.FLAGS(argv)
     except flags.Error as error:
         fail(str(error).replace("\n", " "))
+    except OSError as error:  # a config file that does not load, met while applying an override to it
+        fail(f"cannot load the config: {' '.join(str(error).split())}")
     except (KeyError, AttributeError) as error:
-        fail(f"--config has no key {str(error).strip(chr(34))} (see mathrl_jax/configs/default.py for every key)")
+        while error.args and isinstance(error.args[0], BaseException):  # an AttributeError around the KeyError
+            error = error.args[0]
+        message = " ".join(str(error.args[0] if error.args else error).split())  # KeyError's str() is its repr
+        fail(f"--config has no key {message} (see mathrl_jax/configs/default.py for every key)")
     except (TypeError, ValueError) as error:
         fail(f"bad --config override: {error}")
     try:
-        return flags.FLAGS.config
-    except Exception as error:  # a config file that does not load
-        fail(f"cannot load the config: {error}")
+        config = flags.FLAGS.config
+        config.keys()  # a config file that did not load answers every access with its loading error
+    except Exception as error:
+        fail(f"cannot load the config: {' '.join(str(error).split())}")
+    return config
 
 
 def join_processes(config) -> bool:
@@ -116,11 +123,12 @@ def main(argv=None) -> int:
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.models.hf import CheckpointError
     from mathrl_jax.models.qwen import ConfigError
+    from mathrl_jax.train.checkpoint import CheckpointError as RunCheckpointError
     from mathrl_jax.train.loop import train
 
     try:
         summary = train(config)
-    except (TrainingError, DataError, ConfigError, CheckpointError) as error:
+    except (TrainingError, DataError, ConfigError, CheckpointError, RunCheckpointError) as error:
         if several:
             leave(2, str(error), leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2))
         fail(str(error))

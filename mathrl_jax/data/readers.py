@@ -50,27 +50,41 @@ class _Record:
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
+class _NotJsonNumber(ValueError):
+    """`NaN`, `Infinity` or `-Infinity` in a JSON file: Python's `json` accepts them, JSON does not."""
+
+
+def _refuse_constant(name: str):
+    raise _NotJsonNumber(name)
+
+
+def _parse(text: str, path: str, line: int | None):
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed JSON: {e.msg} (column {e.colno})", path=path, line=line or e.lineno) from None
+    except _NotJsonNumber as e:
+        raise DataError(f"{e} is not a JSON number (a missing or broken value?)", path=path, line=line) from None
+
+
 def _read_json_file(path: str) -> Iterator[_Record]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"not UTF-8 text: byte 0x{data[e.start]:02x} cannot be decoded", path=path, line=line) from None
     stripped = text.lstrip()
     if path.endswith(".json") and stripped.startswith("["):
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"malformed JSON: {e.msg} (column {e.colno})", path=path, line=e.lineno) from None
-        for i, value in enumerate(values):
+        for i, value in enumerate(_parse(text, path, None)):
             yield _Record(index=i, line=None, value=value)
         return
     index = 0
     for line_number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"malformed JSON: {e.msg} (column {e.colno})", path=path, line=line_number) from None
-        yield _Record(index=index, line=line_number, value=value)
+        yield _Record(index=index, line=line_number, value=_parse(line, path, line_number))
         index += 1
 
 

@@ -29,7 +29,8 @@ from mathrl_jax.train.collect import SerialGrader
 from mathrl_jax.train.metrics import MetricsLogger
 from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data
 from mathrl_jax.train.run import RewardFn, Run
-from mathrl_jax.train.validation import TrainingError, fail, num_iterations, validate_config
+from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
+from mathrl_jax.train.validation import TrainingError, fail, flat_items, num_iterations, validate_config
 from mathrl_jax.train.warmstart import warm_start, write_atomically
 
 
@@ -46,8 +47,10 @@ def _model_dir(config, run_dir: str) -> str:
     return directory
 
 
-def _check_model_path(config) -> None:
+def _check_model_path(config):
+    """The model directory's config (None for the offline tiny model), checked against the run's lengths."""
     path = config.model_name_or_path
+    model_config = None
     if path:
         if not os.path.isdir(path):
             fail(f"model_name_or_path {path!r} is not a local directory (no downloads: give a local checkpoint)")
@@ -56,12 +59,13 @@ def _check_model_path(config) -> None:
         except (qwen.ConfigError, OSError, ValueError) as error:
             fail(f"model_name_or_path {path!r}: {error}")
         longest = config.max_prompt_length + config.max_new_tokens
-        if config.sampler == "vllm" and not config.env_name and longest > model_config.max_position_embeddings:
+        if not config.env_name and longest > model_config.max_position_embeddings:
             fail(
-                f"sampler='vllm': max_prompt_length + max_new_tokens = {longest} is over the checkpoint's "
-                f"max_position_embeddings={model_config.max_position_embeddings} ({path!r}), which vLLM refuses; "
-                "lower max_prompt_length or max_new_tokens"
+                f"max_prompt_length + max_new_tokens = {longest} is over the checkpoint's "
+                f"max_position_embeddings={model_config.max_position_embeddings} ({path!r}): positions the model was "
+                "not trained for (vLLM refuses them); lower max_prompt_length or max_new_tokens"
             )
+    return model_config
 
 
 def load_prm(config):
@@ -151,7 +155,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     validate_config(config)
     train_problems, eval_problems = load_data(config)
     check_warmstart_data(config)
-    _check_model_path(config)
+    model_config = _check_model_path(config)
     if config.prm_model_name_or_path and not os.path.isdir(config.prm_model_name_or_path):
         fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
     if config.sampler == "vllm":
@@ -160,19 +164,26 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
         if importlib.util.find_spec("vllm") is None:
             fail(f"sampler='vllm': {VLLM_MISSING}; or use sampler='jax'")
     if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
-        check_prompts(config, TextCodec(config.model_name_or_path), train_problems, eval_problems)
+        user_codec = TextCodec(config.model_name_or_path)
+        user_codec.check_vocabulary(model_config.vocab_size, config.model_name_or_path)
+        check_prompts(config, user_codec, train_problems, eval_problems)
     prm = load_prm(config) if "prm" in config.reward_source else None
+    check_resumed_config(config, config.run_dir)
     # From here on the run directory is written.
     run_dir = config.run_dir
     existed = os.path.isdir(run_dir)
     initial = os.path.join(run_dir, "initial_model")
     had_initial = os.path.isdir(initial)
+    if distributed.is_main_process():  # the processes of one run share its directory; one lock per run
+        acquire_run_dir(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     model_dir = _model_dir(config, run_dir)
     codec = TextCodec(model_dir)
     try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
         check_prompts(config, codec, train_problems, eval_problems)
     except TrainingError:  # every process fails here alike (same files); process 0 undoes what it wrote
+        if distributed.is_main_process():
+            release_run_dir(run_dir)
         if distributed.is_main_process() and not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
         elif distributed.is_main_process() and not had_initial:
@@ -258,7 +269,6 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     pending: List[Dict[str, Any]] = []
     shape_floors: Dict[str, Any] = {}
     if config.resume and checkpointer.latest_step() is not None:
-        _check_resumed_config(config, run_dir)
         state, metadata = checkpointer.restore(state)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
@@ -309,21 +319,81 @@ SHAPES_KEY = "shape_floors"
 """Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
 
 
-RUN_IDENTITY = ("seed", "algorithm_name", "shuffle_rewards")
-"""Config keys a resumed run must share with the run it continues (e.g. a control must not resume the real run)."""
+RESUME_MAY_CHANGE = (
+    "num_iterations",
+    "num_env_steps",
+    "resume",
+    "run_dir",
+    "resume_allow_changes",
+    "eval_interval",
+    "eval_n_samples",
+    "num_eval_problems",
+    "eval_dataset_path",
+    "log_interval",
+    "num_logged_samples",
+    "save_interval",
+    "max_to_keep",
+    "progress",
+    "export_final",
+    "compilation_cache_dir",
+    "heartbeat_timeout_s",
+    "join_timeout_s",
+    "reward.num_workers",
+    "mesh.",
+    "sampler_mesh.",
+    "sampler",
+    "jax_sampler.",
+    "vllm.",
+    "micro_batch_size",
+    "remat",
+    "attention",
+    "packing",
+    "pack_length",
+)
+"""Config keys (a trailing "." names a section) a resumed run may change: how long it runs, what it logs and
+evaluates, where and how it computes (mesh, engine, memory settings, remat, packing: the same updates, tested as
+invariances). Every other key changes what is trained and must equal the saved run's, unless
+`resume_allow_changes` names it."""
 
 
-def _check_resumed_config(config, run_dir: str) -> None:
+def _may_change(key: str, allowed: Tuple[str, ...]) -> bool:
+    return any(key == a or (a.endswith(".") and key.startswith(a)) for a in RESUME_MAY_CHANGE + allowed)
+
+
+def allowed_resume_changes(config) -> Tuple[str, ...]:
+    """`resume_allow_changes` ("lr,warmup_steps"), each name a config key."""
+    names = tuple(n.strip() for n in str(config.resume_allow_changes or "").split(",") if n.strip())
+    known = {key for key, _ in flat_items(config)}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        fail(f"resume_allow_changes={config.resume_allow_changes!r}: {unknown} are not config keys")
+    return names
+
+
+def check_resumed_config(config, run_dir: str) -> None:
+    """A run that resumes a checkpoint in `run_dir` trains what the saved `config.json` says: each other key that
+    differs is refused, naming it and both values, before anything is written."""
     path = os.path.join(run_dir, "config.json")
-    if not os.path.isfile(path):
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    if not config.resume or not os.path.isfile(path) or not os.path.isdir(checkpoints):
         return
+    if not any(name.isdigit() for name in os.listdir(checkpoints)):
+        return  # nothing trained yet
     with open(path) as f:
-        saved = json.load(f)
-    changed = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_IDENTITY if k in saved and saved[k] != config[k]]
+        saved = dict(flat_items(json.load(f)))
+    # The config as `_write_config` saved it: tuples as lists, other objects as strings.
+    current = dict(flat_items(json.loads(json.dumps(config.to_dict(), default=str))))
+    allowed = allowed_resume_changes(config)
+    changed = [
+        f"{key}: {saved[key]!r} -> {value!r}"
+        for key, value in current.items()
+        if key in saved and saved[key] != value and not _may_change(key, allowed)
+    ]
     if changed:
         fail(
-            f"run_dir {run_dir!r} holds a run with other settings ({', '.join(changed)}), which this run would "
-            "resume: use another --config.run_dir, or --config.resume=False to start over"
+            f"run_dir {run_dir!r} holds a run with other settings ({'; '.join(changed)}), which this run would "
+            "resume: use another --config.run_dir, --config.resume=False to start over, or name the keys meant to "
+            "change in --config.resume_allow_changes"
         )
 
 

@@ -22,7 +22,22 @@ class TextCodec:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         if self.eos_token_id is None:
             fail(f"the tokenizer in {directory!r} has no eos token")
+        if not self.encode("1 + 1 = 2"):  # transformers builds an empty tokenizer from config.json alone
+            fail(
+                f"the tokenizer in {directory!r} encodes text to no tokens: no tokenizer files there? (expected "
+                "tokenizer.json, or vocab.json and merges.txt, beside config.json)"
+            )
+        self.directory = directory
         self._token_texts: Dict[int, str] = {}
+
+    def check_vocabulary(self, vocab_size: int, model_dir: str) -> None:
+        """Every id the tokenizer can produce indexes the model's embedding (`vocab_size` rows)."""
+        largest = len(self.tokenizer) - 1
+        if largest >= vocab_size:
+            fail(
+                f"the tokenizer in {self.directory!r} has ids up to {largest}, over the model's "
+                f"vocab_size={vocab_size} ({model_dir!r}): a tokenizer of another model?"
+            )
 
     def encode(self, text: str) -> List[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -284,8 +284,9 @@ def train(
                 save(run, iteration, force=last, pending=source.pending(iteration))
         summary["state"] = run.state
         summary["final_iteration"] = run.total_iterations
-        if c.export_final and run.total_iterations > run.start_iteration:
-            final = os.path.join(run.run_dir, "final_model")
+        final = os.path.join(run.run_dir, "final_model")
+        # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
+        if c.export_final and (run.total_iterations > run.start_iteration or not os.path.isdir(final)):
             model_config = nnx.merge(run.graphdef, run.state.params).config
             params = distributed.fetch(run.state.params)  # every process takes part in gathering the shards
             distributed.on_main_process(

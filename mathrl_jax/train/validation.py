@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 
@@ -25,10 +26,99 @@ def fail(message: str):
     raise TrainingError(message)
 
 
+CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind")
+"""Names taken in any case (OpenR writes `APPO`): lower-cased before they are checked."""
+
+
 def normalize_config(config) -> None:
-    """Spellings other systems use, in place: OpenR's upper-case algorithm names (`APPO`)."""
-    if isinstance(config.algorithm_name, str):
-        config.algorithm_name = config.algorithm_name.lower()
+    """Spellings other systems use, in place: names in any case (`CASE_FREE_KEYS`)."""
+    for key in CASE_FREE_KEYS:
+        if isinstance(config[key], str):
+            config[key] = config[key].lower()
+
+
+def flat_items(tree, prefix: str = ""):
+    """(dotted key, value) of every leaf of a config or its dict (`arithmetic.levels`, `lr`, ...)."""
+    for key, value in tree.items():
+        if hasattr(value, "items"):
+            yield from flat_items(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+# (dotted key, lowest, highest, whether the lowest is allowed): a value outside is refused, naming both.
+RANGES = (
+    ("clip_low", 0.0, 1.0, True),  # PPO's epsilon: 1 - eps >= 0
+    ("clip_high", 0.0, math.inf, True),
+    ("clip_c", 1.0, math.inf, False),  # dual clip: c > 1 (Ye et al. 2020)
+    ("kl_coef", 0.0, math.inf, True),
+    ("kl_reward_coef", 0.0, math.inf, True),
+    ("target_kl", 0.0, math.inf, False),
+    ("max_grad_norm", 0.0, math.inf, False),
+    ("adam_eps", 0.0, math.inf, False),
+    ("weight_decay", 0.0, math.inf, True),
+    ("gamma", 0.0, 1.0, True),
+    ("lam", 0.0, 1.0, True),
+    ("value_clip", 0.0, math.inf, True),
+    ("huber_delta", 0.0, math.inf, False),
+    ("behaviour_weight_cap", 0.0, math.inf, False),
+    ("top_k", 0, math.inf, True),
+    ("warmup_steps", 0, math.inf, True),
+    ("max_to_keep", 1, math.inf, True),
+    ("num_eval_problems", 0, math.inf, True),
+    ("warmstart.batch_size", 1, math.inf, True),
+    ("warmstart.steps", 0, math.inf, True),
+    ("warmstart.warmup_steps", 0, math.inf, True),
+    ("warmstart.lr", 0.0, math.inf, False),
+    ("reward.num_workers", 1, math.inf, True),
+    ("reward.timeout_s", 0.0, math.inf, False),
+    ("arithmetic.num_train", 1, math.inf, True),
+    ("arithmetic.num_eval", 0, math.inf, True),
+    ("dapo.overlong_buffer_len", 0, math.inf, True),
+    ("dapo.overlong_penalty_factor", 0.0, math.inf, True),
+    ("dapo.success_rate_lb", 0.0, 1.0, True),
+    ("dapo.success_rate_ub", 0.0, 1.0, True),
+)
+
+
+def validate_values(config) -> None:
+    """Every number finite (`lr=nan` would train a NaN model), every bounded setting in its range (`RANGES`),
+    the arithmetic levels known; each refusal names the key and the value."""
+    from mathrl_jax.data import arithmetic  # the task's own level table
+
+    c = config
+    for key, value in flat_items(c):
+        numbers = value if isinstance(value, (tuple, list)) else (value,)
+        for number in numbers:
+            if isinstance(number, float) and not math.isfinite(number):
+                fail(f"{key}={value}: must be a finite number")
+    for key, low, high, low_allowed in RANGES:
+        value = c
+        for part in key.split("."):
+            value = value[part]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(f"{key}={value!r}: must be a number")
+        if value > high or value < low or (value == low and not low_allowed):
+            low_side = "[" if low_allowed else "("
+            fail(f"{key}={value} is out of range: must be in {low_side}{low}, {high}]")
+    if c.dapo.success_rate_lb > c.dapo.success_rate_ub:
+        fail(f"dapo.success_rate_lb={c.dapo.success_rate_lb} exceeds dapo.success_rate_ub={c.dapo.success_rate_ub}")
+    levels = c.arithmetic.levels
+    levels = tuple(levels) if isinstance(levels, (tuple, list)) else (levels,)
+    unknown = [level for level in levels if isinstance(level, bool) or level not in arithmetic.LEVELS]
+    if not levels or unknown:
+        fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
+    if c.kl_kind not in update_lib.losses.KL_KINDS:
+        fail(f"unknown kl_kind {c.kl_kind!r}; expected one of {', '.join(update_lib.losses.KL_KINDS)}")
+    if c.dataset_path and c.dataset_name == "arithmetic":
+        fail(
+            f"dataset_path={c.dataset_path!r} is set but dataset_name='arithmetic' (the built-in task, which reads "
+            "no file): name the file's layout, e.g. --config.dataset_name=auto"
+        )
+    if c.run_dir and os.path.exists(c.run_dir) and not os.path.isdir(c.run_dir):
+        fail(f"run_dir={c.run_dir!r} exists and is not a directory")
 
 
 def validate_config(config) -> None:
@@ -45,6 +135,7 @@ def validate_settings(config) -> None:
     """
     c = config
     normalize_config(c)
+    validate_values(c)
     if c.algorithm_name not in algorithms.ALGORITHMS:
         fail(f"unknown algorithm_name {c.algorithm_name!r}; expected one of {', '.join(algorithms.NAMES)}")
     if c.sampler not in ("jax", "vllm"):
@@ -99,7 +190,7 @@ def validate_settings(config) -> None:
     mini = rows // c.num_mini_batch
     if c.micro_batch_size and c.micro_batch_size < mini and mini % c.micro_batch_size:
         fail(f"a minibatch of {mini} rows does not split into micro_batch_size={c.micro_batch_size}")
-    if c.lr <= 0 or c.critic_lr <= 0:
+    if not (c.lr > 0 and c.critic_lr > 0):
         fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
     if not 0.0 < c.temperature or not 0.0 < c.top_p <= 1.0:
         fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")

@@ -69,6 +69,7 @@ def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
 
 
 WARMSTART_RECORD = "mathrl_jax_warmstart.json"
+WARMSTART_METRICS = "mathrl_jax_warmstart_metrics.json"  # the warm-start's before / after accuracies
 """Written beside the warm-started model: the settings that made it, checked when a run reuses it."""
 
 
@@ -99,7 +100,7 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         return model_dir, {}
     if os.path.isdir(directory):
         check_reused_warmstart(config, directory)
-        return directory, {}
+        return directory, unlogged_warmstart_metrics(run_dir, directory)
     model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
     before = held_out_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
     examples = warmstart_examples(config, codec, train_problems)
@@ -119,17 +120,35 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
     warm = nnx.merge(nnx.graphdef(model), new_state)
     after = held_out_accuracy(config, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
 
-    def write(d):
-        hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
-        with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
-            json.dump(warmstart_settings(config), f, indent=2)
-
-    # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
-    distributed.on_main_process("warmstart_model", lambda: write_atomically(directory, write))
     metrics = {
         "warmstart/eval_accuracy_before": before["eval/accuracy"],
         "warmstart/eval_accuracy_after": after["eval/accuracy"],
         "warmstart/seconds": seconds,
         "warmstart/steps": float(config.warmstart.steps),
     }
+
+    def write(d):
+        hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
+        with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
+            json.dump(warmstart_settings(config), f, indent=2)
+        with open(os.path.join(d, WARMSTART_METRICS), "w") as f:  # kept with the model: see unlogged_...
+            json.dump(metrics, f, indent=2)
+
+    # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
+    distributed.on_main_process("warmstart_model", lambda: write_atomically(directory, write))
     return directory, metrics
+
+
+def unlogged_warmstart_metrics(run_dir: str, directory: str) -> dict:
+    """The warm-start's record, saved beside its model, when `metrics.jsonl` does not hold it yet: a run killed
+    between writing `warmstart_model` and logging the record logs it when resumed; otherwise nothing."""
+    path = os.path.join(directory, WARMSTART_METRICS)
+    log = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    if os.path.isfile(log):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            if any('"warmstart/eval_accuracy_after"' in line for line in f):
+                return {}
+    with open(path) as f:
+        return json.load(f)

@@ -40,6 +40,37 @@ def short_model(tmp_path):
     return directory
 
 
+def jsonl_with(tmp_path, name, second_line: bytes):
+    path = tmp_path / name
+    path.write_bytes(json.dumps({"problem": "1+1?", "answer": "2"}).encode() + b"\n" + second_line + b"\n")
+    return str(path)
+
+
+NOT_UTF8 = b'{"problem": "\xff", "answer": "3"}'
+NAN_ANSWER = b'{"problem": "x", "answer": NaN}'
+
+
+def model_without_tokenizer(tmp_path):
+    import shutil
+
+    full, bare = str(tmp_path / "full_model"), tmp_path / "bare_model"
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    write_tiny_checkpoint(full, seed=0, num_hidden_layers=1)
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(full, name), bare / name)
+    return str(bare)
+
+
+def small_vocabulary_model(tmp_path):
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    directory = str(tmp_path / "small_vocabulary")
+    write_tiny_checkpoint(directory, seed=0, num_hidden_layers=1, vocab_size=20)  # the tokenizer's ids reach ~100
+    return directory
+
+
 CASES = {
     "unknown algorithm": (lambda t: ["--config.algorithm_name=ppo2"], "ppo2"),
     "missing dataset": (
@@ -77,6 +108,45 @@ CASES = {
         lambda t: ["--config.tis_cap=2", "--config.old_logprobs=sampler"],
         "old_logprobs='sampler'",
     ),
+    # Values that passed or ended in a traceback before (issue 31).
+    "lr nan": (lambda t: ["--config.lr=nan"], "lr=nan"),
+    "critic_lr inf": (lambda t: ["--config.critic_lr=inf"], "critic_lr=inf"),
+    "negative clip_low": (lambda t: ["--config.clip_low=-0.5"], "clip_low=-0.5"),
+    "negative kl_coef": (lambda t: ["--config.kl_coef=-1"], "kl_coef=-1"),
+    "negative top_k": (lambda t: ["--config.top_k=-5"], "top_k=-5"),
+    "no checkpoints kept": (lambda t: ["--config.max_to_keep=0"], "max_to_keep=0"),
+    "empty warm-start batch": (lambda t: ["--config.warmstart.batch_size=0"], "warmstart.batch_size=0"),
+    "no grader workers": (lambda t: ["--config.reward.num_workers=0"], "reward.num_workers=0"),
+    "no grading time": (lambda t: ["--config.reward.timeout_s=0"], "reward.timeout_s=0"),
+    "no arithmetic problems": (lambda t: ["--config.arithmetic.num_train=0"], "arithmetic.num_train=0"),
+    "unknown arithmetic level": (lambda t: ["--config.arithmetic.levels=(9,)"], "arithmetic.levels=(9,)"),
+    "negative eval count": (lambda t: ["--config.num_eval_problems=-1"], "num_eval_problems=-1"),
+    "unknown KL estimator": (lambda t: ["--config.kl_kind=k4", "--config.kl_coef=0.1"], "'k4'"),
+    "a data file without its layout": (
+        lambda t: [f"--config.dataset_path={t}/problems.jsonl"],
+        "dataset_name='arithmetic'",
+    ),
+    "mistyped key": (lambda t: ["--config.num_iteration=3"], 'Did you mean "num_iterations"'),
+    "jax sampler with rows over the checkpoint's positions": (
+        lambda t: [f"--config.model_name_or_path={short_model(t)}", "--config.max_new_tokens=40"],
+        "max_position_embeddings=32",
+    ),
+    "a model without its tokenizer": (
+        lambda t: [f"--config.model_name_or_path={model_without_tokenizer(t)}"],
+        "encodes text to no tokens",
+    ),
+    "a tokenizer over the model's vocabulary": (
+        lambda t: [f"--config.model_name_or_path={small_vocabulary_model(t)}"],
+        "vocab_size=20",
+    ),
+    "non-UTF-8 data": (
+        lambda t: ["--config.dataset_name=math500", "--config.dataset_path=" + jsonl_with(t, "b.jsonl", NOT_UTF8)],
+        "line 2: not UTF-8",
+    ),
+    "a NaN answer": (
+        lambda t: ["--config.dataset_name=math500", "--config.dataset_path=" + jsonl_with(t, "n.jsonl", NAN_ANSWER)],
+        "line 2: NaN is not a JSON number",
+    ),
 }
 
 
@@ -94,3 +164,90 @@ def test_bad_input_exits_with_a_message_and_writes_nothing(case, tmp_path):
     assert expected in message[-1]
     assert "Traceback" not in done.stderr
     assert snapshot(run_dir) == before
+
+
+def test_a_config_file_that_does_not_exist_is_one_line(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = [f"--config={tmp_path}/nosuch.py", f"--config.run_dir={tmp_path}/run"]
+    script = os.path.join(ROOT, "scripts", "train.py")
+    done = subprocess.run([sys.executable, script, *flags], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("train.py: error: cannot load the config")
+    assert "nosuch.py" in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "run"
+    path.write_text("not a directory")
+    done = run_train(path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "exists and is not a directory" in done.stderr and path.read_text() == "not a directory"
+
+
+def finished_looking_run(tmp_path, **saved):
+    """A run dir as a run leaves it after its first checkpoint: config.json (the default config with `saved`)
+    and a step directory."""
+    from mathrl_jax.configs import default
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "1").mkdir(parents=True)
+    config = default.get_config()
+    config.run_dir = str(run_dir)
+    config.update(saved)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--config.lr=1e-4"], "lr: 3e-05 -> 0.0001"),
+        (["--config.model_name_or_path={other_model}"], "model_name_or_path: '' -> '{other_model}'"),
+        (["--config.seed=1"], "seed: 0 -> 1"),
+        (["--config.shuffle_rewards=True"], "shuffle_rewards: False -> True"),
+    ],
+)
+def test_resuming_with_settings_that_change_what_is_trained_is_refused(tmp_path, flags, named):
+    """Before: only seed, algorithm and shuffle_rewards were compared; another lr or model resumed silently and
+    config.json was rewritten to name them."""
+    run_dir = finished_looking_run(tmp_path)
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    other_model = str(tmp_path / "other_model")
+    write_tiny_checkpoint(other_model, seed=1)  # a real checkpoint of the same architecture
+    flags, named = [f.format(other_model=other_model) for f in flags], named.format(other_model=other_model)
+    before = snapshot(run_dir)
+    done = run_train(run_dir, *flags)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert named in done.stderr and "resume_allow_changes" in done.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_resume_allow_changes_names_real_keys(tmp_path):
+    run_dir = finished_looking_run(tmp_path)
+    done = run_train(run_dir, "--config.lr=1e-4", "--config.resume_allow_changes=lr,learning_rte")
+    assert done.returncode == 2 and "['learning_rte'] are not config keys" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_second_run_on_a_locked_run_dir_is_refused(tmp_path):
+    """Before: no lock; the first run died on the second's temporary checkpoint directory."""
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from mathrl_jax.train.run_lock import acquire_run_dir; "
+            f"acquire_run_dir({str(run_dir)!r}); print('held', flush=True); time.sleep(120)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = run_train(run_dir)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert f"is in use by another run (process {holder.pid} holds" in done.stderr
+    finally:
+        holder.kill()
+        holder.wait()

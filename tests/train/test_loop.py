@@ -453,3 +453,39 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
     assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
     assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())
     assert not trained & set(np.flatnonzero(rollouts.prompt_indices % 2 == 0).tolist())
+
+
+def test_a_finished_run_without_its_final_model_exports_it_when_rerun(model_dir, tmp_path):
+    """Before: a run killed after its last checkpoint but before `final_model` was rerun with exit 0 and no
+    export. The re-export is the same model, byte for byte."""
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1)
+    run_and_record(config)
+    weights = tmp_path / "run" / "final_model" / "model.safetensors"
+    exported = weights.read_bytes()
+    shutil.rmtree(tmp_path / "run" / "final_model")
+    _, history = run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
+    assert history == [] and weights.read_bytes() == exported
+
+
+def test_a_warmstart_record_lost_to_a_kill_is_logged_when_resumed(tmp_path):
+    """Before: a kill between writing `warmstart_model` and logging its record lost the record for good."""
+    import json
+
+    run_dir, directory = tmp_path / "run", tmp_path / "run" / "warmstart_model"
+    directory.mkdir(parents=True)
+    record = {"warmstart/eval_accuracy_before": 0.1, "warmstart/eval_accuracy_after": 0.7}
+    (directory / warmstart.WARMSTART_METRICS).write_text(json.dumps(record))
+    assert warmstart.unlogged_warmstart_metrics(str(run_dir), str(directory)) == record  # no metrics.jsonl yet
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "rollout/rewards": 0.5}) + "\n")
+    assert warmstart.unlogged_warmstart_metrics(str(run_dir), str(directory)) == record
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 0, **record}) + "\n")
+    assert warmstart.unlogged_warmstart_metrics(str(run_dir), str(directory)) == {}  # logged once, not twice
+
+
+def test_names_are_taken_in_any_case():
+    """Before: `--config.algorithm_name=GRPO` was accepted and `--config.sampler=JAX` refused."""
+    config = default.get_config()
+    config.algorithm_name, config.sampler, config.kl_kind = "GRPO", "JAX", "K3"
+    validation.validate_settings(config)
+    assert (config.algorithm_name, config.sampler, config.kl_kind) == ("grpo", "jax", "k3")
