@@ -1,7 +1,8 @@
 """Compiled programs kept on disk and loaded without tracing (`mathrl_jax.executable_cache`): a loaded program
 computes what the jitted function does; anything that defines the program (identity, shapes, static arguments)
-keys it; a damaged entry is compiled again; and a second training process loads the update and the sampler's
-programs instead of tracing them, with every metric equal to a run without any cache."""
+keys it (the host CPU and JAX flags changed in-process included); a damaged, foreign or planted entry is never
+deserialised but compiled again; and a second training process loads the update and the sampler's programs instead
+of tracing them, with every metric equal to a run without any cache."""
 
 import functools
 import json
@@ -18,6 +19,12 @@ import pytest
 from mathrl_jax import executable_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def own_secret(tmp_path_factory, monkeypatch):
+    """Each test's entries are authenticated with a secret of its own, not the user's (~/.config)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
 
 
 def make_program(scale, traces):
@@ -197,3 +204,136 @@ def test_a_second_training_process_loads_its_programs_and_trains_the_same(tmp_pa
     assert len(uncached["history"]) == 2
     for run in (first, second):  # the same programs: every metric equal, to the bit
         assert run["history"] == uncached["history"]
+
+
+# ------------------------------------------------------------------ entries that must not be loaded
+
+
+def write_one_entry(directory):
+    """Compiles the program once into `directory`; returns the entry's path and the arguments."""
+    params, carry = arguments()
+    first = executable_cache.CachedJit(make_program(2.0, []), str(directory), "program", None)
+    first(params, jnp.copy(carry), power=2)
+    (entry,) = os.listdir(directory)
+    return directory / entry, params, carry
+
+
+def load_again(directory, params, carry, caplog):
+    """A fresh CachedJit (as in a new process) called once; returns it and its result."""
+    traces = []
+    cached = executable_cache.CachedJit(make_program(2.0, traces), str(directory), "program", None)
+    with caplog.at_level(logging.WARNING, logger="mathrl_jax.executable_cache"):
+        result = jax.device_get(cached(params, jnp.copy(carry), power=2))
+    expected = jax.device_get(make_program(2.0, [])(params, jnp.copy(carry), power=2))
+    np.testing.assert_array_equal(result["out"], expected["out"])
+    return cached, traces
+
+
+@pytest.fixture
+def other_cpu(monkeypatch):
+    """Runs what follows as on a CPU without AVX-512 (the host CPU's identity replaced, its memos cleared)."""
+
+    def run_on(features):
+        monkeypatch.setattr(executable_cache, "host_cpu", lambda: f"{{'features': '{features}', 'machine': 'x86_64'}}")
+        executable_cache._backend.cache_clear()
+        executable_cache._environment_text.cache_clear()
+
+    yield run_on
+    monkeypatch.undo()
+    executable_cache._backend.cache_clear()
+    executable_cache._environment_text.cache_clear()
+
+
+def test_an_entry_compiled_on_another_cpu_is_never_loaded(tmp_path, other_cpu, caplog):
+    other_cpu("avx avx2 avx512f sse4_2")  # the machine that wrote the entry
+    foreign, params, carry = write_one_entry(tmp_path)
+    other_cpu("avx avx2 sse4_2")  # this machine: no AVX-512, so the foreign code could die with SIGILL
+    cached, traces = load_again(tmp_path, params, carry, caplog)
+    assert (cached.compiled, cached.loaded, len(traces)) == (1, 0, 1)
+    assert len(os.listdir(tmp_path)) == 2  # its own entry, beside the foreign one
+    (own,) = [name for name in os.listdir(tmp_path) if name != foreign.name]
+    # The foreign entry copied to this CPU's name does not pass either: its HMAC covers the CPU it was made for.
+    os.replace(foreign, tmp_path / own)
+    caplog.clear()
+    cached, traces = load_again(tmp_path, params, carry, caplog)
+    assert (cached.compiled, cached.loaded, len(traces)) == (1, 0, 1)
+    assert "HMAC does not match" in caplog.text and own in caplog.text
+
+
+def test_a_flipped_bit_in_an_entry_is_detected_named_and_replaced(tmp_path, caplog):
+    entry, params, carry = write_one_entry(tmp_path)
+    blob = bytearray(entry.read_bytes())
+    blob[len(blob) * 3 // 4] ^= 0x10  # in the executable's code: loaded, it could crash with SIGILL or SIGSEGV
+    entry.write_bytes(bytes(blob))
+    cached, traces = load_again(tmp_path, params, carry, caplog)
+    assert (cached.compiled, cached.loaded, len(traces)) == (1, 0, 1)
+    assert "HMAC does not match" in caplog.text and entry.name in caplog.text
+    assert entry.read_bytes() != bytes(blob)  # overwritten with a good entry
+    reloaded, _ = load_again(tmp_path, params, carry, caplog)
+    assert reloaded.loaded == 1
+
+
+class Planted:
+    """A pickle that, unpickled, writes a marker file (as a planted one could run anything)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("layout", ["a bare pickle", "a pickle after a forged header"])
+def test_a_pickle_planted_in_the_directory_is_never_unpickled(layout, tmp_path, caplog):
+    import pickle
+
+    cache = tmp_path / "cache"
+    entry, params, carry = write_one_entry(cache)
+    marker = tmp_path / "planted_code_ran"
+    payload = pickle.dumps(Planted(str(marker)))
+    if layout == "a bare pickle":  # the layout of entries before format 3
+        entry.write_bytes(payload)
+    else:
+        header = {"format": executable_cache.FORMAT, "payload_bytes": len(payload), "hmac_sha256": "0" * 64}
+        entry.write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    cached, traces = load_again(cache, params, carry, caplog)
+    assert not marker.exists()
+    assert (cached.compiled, cached.loaded, len(traces)) == (1, 0, 1)
+    assert "cannot load the cached executable" in caplog.text and entry.name in caplog.text
+
+
+def test_a_jax_flag_changed_in_process_selects_another_entry(tmp_path):
+    params, carry = arguments()
+    traces = []
+    cached = executable_cache.CachedJit(make_program(2.0, traces), str(tmp_path), "program", None)
+    cached(params, jnp.copy(carry), power=2)
+    with jax.default_matmul_precision("highest"):  # changes the program's dots: another program, another entry
+        cached(params, jnp.copy(carry), power=2)
+    assert (cached.compiled, cached.loaded, len(traces)) == (2, 0, 2)
+    assert len(os.listdir(tmp_path)) == 2
+    jax.config.update("jax_default_matmul_precision", "highest")  # set globally, after the first call
+    try:
+        fresh = executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", None)
+        fresh(params, jnp.copy(carry), power=2)
+        assert (fresh.compiled, fresh.loaded) == (0, 1)
+    finally:
+        jax.config.update("jax_default_matmul_precision", None)
+    cached(params, jnp.copy(carry), power=2)  # back to the first program, kept in memory
+    assert (cached.compiled, cached.loaded, len(traces)) == (2, 0, 2)
+
+
+def test_the_secret_is_private_and_one_open_to_others_turns_the_cache_off(tmp_path, caplog):
+    params, carry = arguments()
+    secret = tmp_path / "config" / "secret.key"
+    cached = executable_cache.CachedJit(make_program(2.0, []), str(tmp_path / "cache"), "program", None, str(secret))
+    cached(params, jnp.copy(carry), power=2)
+    assert os.stat(secret).st_mode & 0o777 == 0o600 and len(os.listdir(tmp_path / "cache")) == 1
+    loose = tmp_path / "loose.key"
+    loose.write_text(secret.read_text())
+    os.chmod(loose, 0o644)
+    cached = executable_cache.CachedJit(make_program(2.0, []), str(tmp_path / "cache"), "program", None, str(loose))
+    with caplog.at_level(logging.WARNING, logger="mathrl_jax.executable_cache"):
+        cached(params, jnp.copy(carry), power=2)
+    assert "open to other users" in caplog.text and (cached.loaded, cached.compiled) == (0, 0)
+    with pytest.raises(ValueError, match="outside the cache directory"):
+        executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", None, str(tmp_path / "k"))

@@ -1,10 +1,11 @@
 """Orbax checkpoints of a training state, with exact resume.
 
 `Checkpointer` wraps an Orbax `CheckpointManager`; every step directory holds
-two items:
+three items:
 
     <directory>/<step>/state      the pytree (OCDBT / TensorStore), sharded as it lives
     <directory>/<step>/metadata   JSON (in the file metadata/metadata): data position, config, version, ...
+    <directory>/<step>/checksums  JSON: each leaf's dtype and checksum, taken from memory at `save`
 
 Guarantees:
 
@@ -25,6 +26,14 @@ Guarantees:
   and the JSON metadata as saved (JSON round trip: tuples come back as lists).
 - Sharded: each process writes its own shards; `restore` places every array with
   the target's sharding, which may be another mesh shape than the one saved.
+- Verified: Orbax checks no data it reads back (OCDBT and zarr keep no checksum of the
+  array data; a flipped byte in a data file restores as other numbers), so `save` stores
+  a 64-bit checksum of every leaf (`train.checksums`, computed where the array lives, the same for
+  any sharding) and `restore` compares each restored leaf with it. A step that fails is
+  refused; restoring the latest step falls back to the newest intact one, with a warning
+  naming both; the refused steps are removed at the next `save`; rotation (`max_to_keep`)
+  never removes the last step `restore` verified. Every step failing is a
+  `CorruptCheckpointError`. Steps saved before checksums were kept restore unverified.
 
 The state is a pytree of dicts, lists, tuples, NamedTuples (optax states), registered
 dataclasses or flax `nnx.State`. Orbax saves it as it is and restores it into the
@@ -44,6 +53,7 @@ Checkpoint layout and atomicity as Orbax (`orbax.checkpoint.CheckpointManager`,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -51,23 +61,31 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from mathrl_jax.sharding.rules import path_string
+from mathrl_jax.train.checksums import leaf_checksums, saved_dtype
 
 if TYPE_CHECKING:
     from typing import Self  # Python >= 3.11; annotations only
 
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
+CHECKSUMS_ITEM = "checksums"
 
 _log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be saved or restored; names the directory, the step and the bad key."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint whose data fails verification (a leaf's checksum differs from the one saved with it) or cannot
+    be read; names the step and the leaves."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,15 +238,27 @@ class Checkpointer:
         self.save_interval = int(save_interval)
         self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
         self.async_save = bool(async_save)
+        self._corrupt: set[int] = set()  # steps `restore` found corrupt: never restored, removed at the next save
+        self._verified: int | None = None  # the newest step whose checksums `restore` verified: rotation keeps it
+        self.restored_step: int | None = None  # the step the last `restore` returned (an older one on a fallback)
+        policies = ocp.checkpoint_managers
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=max(self.save_interval, 1),
-            max_to_keep=self.max_to_keep,
+            # The newest `max_to_keep` steps, and the last verified one however old: were the newer ones damaged,
+            # a resume would still find an intact step.
+            preservation_policy=policies.AnyPreservationPolicy(
+                [policies.LatestN(n=self.max_to_keep), _KeepStep(lambda: self._verified)]
+            ),
             enable_async_checkpointing=self.async_save,
             cleanup_tmp_directories=True,  # remove the tmp dirs of writes that a crash interrupted
             create=True,
         )
         # Handlers named up front, so that a fresh manager can read the metadata of steps it did not write.
-        handlers = {STATE_ITEM: ocp.StandardCheckpointHandler(), METADATA_ITEM: ocp.JsonCheckpointHandler()}
+        handlers = {
+            STATE_ITEM: ocp.StandardCheckpointHandler(),
+            METADATA_ITEM: ocp.JsonCheckpointHandler(),
+            CHECKSUMS_ITEM: ocp.JsonCheckpointHandler(),
+        }
         self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
         self._closed = False
 
@@ -252,8 +282,8 @@ class Checkpointer:
         step = _check_step(step)
         if self.save_interval == 0 or step == 0 or step % self.save_interval:
             return False
-        latest = self.latest_step()
-        return latest is None or step > latest
+        intact = [s for s in self.all_steps() if s not in self._corrupt]  # a corrupt step is saved anew
+        return not intact or step > intact[-1]
 
     # ---- save ----
 
@@ -282,7 +312,13 @@ class Checkpointer:
         problem = _non_json(metadata, "metadata")
         if problem:
             raise CheckpointError(f"cannot save step {step} in {self.directory}: {problem}")
-        state, _ = _map_leaves(state, "state", _savable)
+        state, named = _map_leaves(state, "state", _savable)
+        dtypes = {name: saved_dtype(leaf) for name, leaf in named.items()}
+        checksums = {
+            name: {"dtype": dtypes[name].name, "checksum": checksum}
+            for name, checksum in leaf_checksums(named, dtypes).items()
+        }
+        self._remove_corrupt_steps()
         steps = self.all_steps()
         if step in steps:
             _log.info("checkpoint step %d already exists in %s; not saved again", step, self.directory)
@@ -296,12 +332,21 @@ class Checkpointer:
             **{
                 STATE_ITEM: ocp.args.StandardSave(state),
                 METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
+                CHECKSUMS_ITEM: ocp.args.JsonSave({"leaves": checksums, "metadata_sha256": _json_sha256(metadata)}),
             }
         )
         try:
             return bool(self._manager.save(step, args=args, force=True))
         except Exception as e:  # re-raised with the directory and step named
             raise CheckpointError(f"cannot save step {step} in {self.directory}: {e}") from e
+
+    def _remove_corrupt_steps(self) -> None:
+        """Deletes the steps `restore` found corrupt, so that the run can save those steps again."""
+        for step in sorted(self._corrupt & set(self.all_steps())):
+            _log.warning("removing checkpoint %s/%d: it failed verification when restored", self.directory, step)
+            self.wait_until_finished()
+            self._manager.delete(step)
+        self._corrupt.clear()
 
     # ---- restore ----
 
@@ -328,7 +373,7 @@ class Checkpointer:
         try:
             tree = self._manager.metadata(step).item_metadata[STATE_ITEM]
         except Exception as e:  # Orbax raises several unrelated types for unreadable metadata
-            raise CheckpointError(f"cannot read the state metadata of checkpoint {where}: {e}") from e
+            raise CorruptCheckpointError(f"cannot read the state metadata of checkpoint {where}: {e}") from e
         tree = getattr(tree, "tree", tree)
         if tree is None:
             raise CheckpointError(f"checkpoint {where} has no '{STATE_ITEM}' item; it was not written by Checkpointer")
@@ -346,7 +391,7 @@ class Checkpointer:
         return dict(restored[METADATA_ITEM] or {})
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """(state, metadata) of `step` (default: the latest complete step).
+        """(state, metadata) of `step` (default: the newest intact step).
 
         Args:
           target: a pytree with the saved structure. Its leaves say what to build:
@@ -355,39 +400,119 @@ class Checkpointer:
             mesh of another shape than the one saved; without a sharding, the saved one
             is used, which needs the same devices), a NumPy array or scalar, or a
             Python int/float/bool.
-          step: which step; None for the latest.
+          step: which step; None for the latest that passes verification.
 
         Returns:
           (the state with the target's tree structure, shardings and dtypes, the metadata dict).
           Values are bit-identical to those saved when the dtypes agree (a differing
-          target dtype is a cast).
+          target dtype is a cast). Every leaf is verified against the checksum saved with
+          it (steps saved before checksums were kept are restored unverified).
+          `restored_step` says which step it was.
+
+        With `step=None`, a step that fails verification (a damaged data file, unreadable
+        metadata) is refused and the next older one tried; a warning names the refused and the
+        restored steps. The refused steps are removed at the next `save`, and rotation keeps the
+        restored step until the run ends (see `_KeepStep`).
 
         Raises:
           CheckpointError: no checkpoint in the directory, no such step, or a target whose
             keys or shapes differ from the saved ones (the keys are named).
+          CorruptCheckpointError: the step asked for, or with `step=None` every step, fails
+            verification (the steps and leaves are named).
         """
         self._check_open()
-        step = self._resolve_step(step)
+        if step is not None:
+            step = self._resolve_step(step)
+            return self._restore_verified(target, step)
+        self._resolve_step(None)  # raises when the directory holds no step
+        steps = self.all_steps()
+        refused: list[tuple[int, CorruptCheckpointError]] = []
+        for candidate in reversed(steps):
+            try:
+                restored = self._restore_verified(target, candidate)
+            except CorruptCheckpointError as error:
+                self._corrupt.add(candidate)
+                refused.append((candidate, error))
+                continue
+            if refused:
+                _log.warning(
+                    "checkpoint step %s in %s failed verification and is not restored (%s); restored step %d, the "
+                    "newest intact step, instead",
+                    ", ".join(str(s) for s, _ in refused),
+                    self.directory,
+                    "; ".join(str(e) for _, e in refused),
+                    candidate,
+                )
+            return restored
+        raise CorruptCheckpointError(
+            f"no intact checkpoint in {self.directory}: every step fails verification ("
+            + "; ".join(f"step {s}: {e}" for s, e in refused)
+            + "); restore an intact copy or start the run in a new directory"
+        )
+
+    def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict[str, Any]]:
+        """`restore` of one step, its leaves verified against the checksums saved with it."""
         where = os.path.join(self.directory, str(step))
         abstract, wanted = _map_leaves(target, "restore target", _abstract)
         saved = self._saved_tree(step)
         _check_matches(where, wanted, _named(saved))
+        recorded, metadata_sha256 = self._recorded_checksums(step)
+        # Read in the dtype each leaf was summed in, cast to the target's after the check: a checksum of a value
+        # already cast (e.g. float32 to bfloat16) could not match.
+        summed = {
+            name: _in_dtype(leaf, recorded[name][0] if name in recorded else None) for name, leaf in wanted.items()
+        }
+        abstract = jax.tree.unflatten(jax.tree.structure(abstract), list(summed.values()))
         # Checkpoints of the previous layout (before the state was saved as it is) hold every container as a
         # dict, lists and tuples keyed "0", "1", ...; Orbax restores no list from a dict. Those are restored in
         # the saved structure, with the target's abstract leaves by key, and put back into the target's by key.
         by_key = _sequences(saved) != _sequences(abstract)
-        item = jax.tree_util.tree_map_with_path(lambda p, _: wanted[path_string(p)], saved) if by_key else abstract
+        item = jax.tree_util.tree_map_with_path(lambda p, _: summed[path_string(p)], saved) if by_key else abstract
         args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(item), METADATA_ITEM: ocp.args.JsonRestore()})
         try:
             restored = self._manager.restore(step, args=args)
-        except Exception as e:  # re-raised with the directory and step named
-            raise CheckpointError(f"cannot restore checkpoint {where}: {e}") from e
-        values = restored[STATE_ITEM]
-        if by_key:
-            values = _named(values)
-            values = jax.tree.unflatten(jax.tree.structure(abstract), [values[name] for name in wanted])
+        except Exception as e:  # re-raised with the directory and step named; a damaged file is one cause
+            raise CorruptCheckpointError(f"cannot restore checkpoint {where}: {e}") from e
+        values = _named(restored[STATE_ITEM])
+        metadata = dict(restored[METADATA_ITEM] or {})
+        if recorded and set(recorded) != set(values):
+            raise CorruptCheckpointError(f"checkpoint {where} fails verification: its checksums name other leaves")
+        if metadata_sha256 is not None and _json_sha256(metadata) != metadata_sha256:
+            raise CorruptCheckpointError(f"checkpoint {where} fails verification: its metadata differ from the saved")
+        checked = {  # a leaf JAX could not read in its saved dtype (float64 without x64) cannot be checked
+            name: values[name]
+            for name, (dtype, checksum) in recorded.items()
+            if checksum is not None and _dtype_of(values[name]) in (None, dtype)
+        }
+        got = leaf_checksums(checked, {name: recorded[name][0] for name in checked})
+        damaged = sorted(name for name in checked if got[name] is not None and got[name] != recorded[name][1])
+        if damaged:
+            raise CorruptCheckpointError(
+                f"checkpoint {where} fails verification: the data of {_short(damaged)} differ from the checksums "
+                f"saved with it (a damaged file)"
+            )
+        values = [_in_dtype(values[name], _dtype_of(wanted[name])) for name in wanted]  # the target's dtypes
+        values = jax.tree.unflatten(jax.tree.structure(abstract), values)
         state = jax.tree.map(_from_disk, target, values, is_leaf=_is_variable)
-        return state, dict(restored[METADATA_ITEM] or {})
+        if recorded:
+            self._verified = step if self._verified is None else max(self._verified, step)
+        self.restored_step = step
+        return state, metadata
+
+    def _recorded_checksums(self, step: int) -> tuple[dict[str, tuple[np.dtype, str | None]], str | None]:
+        """({key: (dtype, checksum)}, the metadata's SHA-256) saved with `step`; ({}, None) for a step saved before
+        checksums were kept."""
+        where = os.path.join(self.directory, str(step))
+        if not (self._manager.directory / str(step) / CHECKSUMS_ITEM).exists():  # an etils.epath.Path: local or URL
+            _log.info("checkpoint %s has no checksums (saved by an older version); restored unverified", where)
+            return {}, None
+        try:
+            args = ocp.args.Composite(**{CHECKSUMS_ITEM: ocp.args.JsonRestore()})
+            saved = self._manager.restore(step, args=args)[CHECKSUMS_ITEM]
+            leaves = {name: (jnp.dtype(entry["dtype"]), entry["checksum"]) for name, entry in saved["leaves"].items()}
+            return leaves, str(saved["metadata_sha256"])
+        except Exception as e:  # noqa: BLE001  unreadable JSON, a missing field: the step cannot be trusted
+            raise CorruptCheckpointError(f"cannot read the checksums of checkpoint {where}: {e}") from e
 
     # ---- life cycle ----
 
@@ -467,3 +592,41 @@ def _check_matches(where: str, wanted: dict[str, Any], saved: dict[str, Any]) ->
 def _short(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _json_sha256(value: Any) -> str:
+    """SHA-256 of a JSON value's canonical text (sorted keys), as it reads back: tuples are lists."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _dtype_of(leaf: Any) -> np.dtype | None:
+    """The dtype of an abstract restore leaf; None for a Python scalar (restored as its own type)."""
+    return np.dtype(leaf.dtype) if isinstance(leaf, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)) else None
+
+
+def _in_dtype(leaf: Any, dtype: np.dtype | None) -> Any:
+    """An abstract or restored leaf in `dtype` (unchanged when `dtype` is None, when the leaf already has it or is a
+    Python scalar, and for a ShapeDtypeStruct when JAX cannot hold the dtype, e.g. float64 without x64)."""
+    if dtype is None or _dtype_of(leaf) in (None, dtype):
+        return leaf
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+            return leaf
+        return jax.ShapeDtypeStruct(leaf.shape, dtype, sharding=leaf.sharding)
+    return leaf.astype(dtype)
+
+
+class _KeepStep:
+    """An Orbax preservation policy that keeps the step `step()` names (None: none), whatever the other policies say.
+
+    Orbax's `max_to_keep` alone keeps the newest steps: after a resume from an older step because the newer ones
+    were damaged, saving would rotate the one step known to be intact out. See
+    `orbax.checkpoint.checkpoint_managers.PreservationPolicy`.
+    """
+
+    def __init__(self, step: Callable[[], int | None]) -> None:
+        self._step = step
+
+    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+        keep = self._step()
+        return [info.step == keep for info in checkpoints]
