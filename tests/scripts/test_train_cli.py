@@ -162,6 +162,7 @@ def test_bad_input_exits_with_a_message_and_writes_nothing(case, tmp_path):
     message = done.stderr.strip().splitlines()
     assert message and message[-1].startswith("train.py: error:"), done.stderr[-2000:]
     assert expected in message[-1]
+    assert "\\n" not in message[-1] and "\\'" not in message[-1]  # one readable line, not an escaped repr
     assert "Traceback" not in done.stderr
     assert snapshot(run_dir) == before
 
@@ -251,3 +252,36 @@ def test_a_second_run_on_a_locked_run_dir_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_stops_with_a_message(tmp_path):
+    """A checkpoint that fails verification is not trained on; with no intact step left, train.py says so (exit 2)
+    rather than a traceback, and the damaged steps are left on disk for the user."""
+    from tests.train.test_checkpoint_integrity import flip_a_byte
+
+    run_dir = tmp_path / "run"
+    short = [
+        "--config.warmstart.steps=0",
+        "--config.n_rollout_threads=4",
+        "--config.group_size=2",
+        "--config.num_mini_batch=1",
+        "--config.max_new_tokens=4",
+        "--config.eval_interval=0",
+        "--config.save_interval=1",
+        "--config.num_iterations=2",
+        "--config.arithmetic.num_train=16",
+        "--config.arithmetic.num_eval=4",
+        "--config.num_eval_problems=4",
+        "--config.progress=False",
+    ]
+    done = run_train(run_dir, *short)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = sorted(int(name) for name in os.listdir(run_dir / "checkpoints") if name.isdigit())
+    assert steps == [1, 2]
+    for step in steps:
+        flip_a_byte(str(run_dir / "checkpoints"), step)
+    longer = [flag for flag in short if "num_iterations" not in flag] + ["--config.num_iterations=3"]
+    done = run_train(run_dir, *longer)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "no intact checkpoint in" in done.stderr.strip().splitlines()[-1]
+    assert sorted(int(n) for n in os.listdir(run_dir / "checkpoints") if n.isdigit()) == steps
