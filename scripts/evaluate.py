@@ -185,8 +185,8 @@ def main(argv=None) -> int:
             batch_tokens=args.batch_tokens if args.sampler == "jax" else None,
         )
     metrics["problems"] = len(problems)
-    if not several or jax.process_index() == 0:
-        print(json.dumps(metrics, indent=2))
+    if not several or jax.process_index() == 0:  # accuracies to 4 places: 0.8218, not 0.8218000000000001
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=2))
     return 0
 
 

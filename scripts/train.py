@@ -104,8 +104,24 @@ def leave(code: int, message: str, timeout_s: float = 0, leader_grace_s: float =
     os._exit(code)
 
 
+HELP_FLAGS = ("-h", "--help", "--helpfull")
+
+
+def print_help(argv) -> None:
+    """`--help`: every option of the config (the default or `--config=FILE`, with any overrides applied), its value
+    and its meaning (`train/config_help.py`)."""
+    from mathrl_jax.train.config_help import format_help
+
+    config = parse_config([a for a in argv if a not in HELP_FLAGS])
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    print(format_help(config, given[-1] if given else os.path.relpath(DEFAULT_CONFIG, ROOT)))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv if argv is None else argv)
+    if any(a in HELP_FLAGS for a in argv[1:]):
+        print_help(argv)
+        return 0
     config = parse_config(argv)
     from mathrl_jax.train.validation import TrainingError, validate_settings
 

@@ -250,6 +250,11 @@ def train(
         disable=not c.progress,
     )
     try:
+        if run.start_iteration:
+            progress.write(
+                f"resuming {run.run_dir} from its checkpoint of iteration {run.start_iteration} "
+                f"({run.total_iterations - run.start_iteration} of {run.total_iterations} iterations to go)"
+            )
         if run.warmstart_metrics:
             run.logger.log(0, run.warmstart_metrics)
             progress.write(

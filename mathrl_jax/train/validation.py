@@ -30,11 +30,17 @@ CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind")
 """Names taken in any case (OpenR writes `APPO`): lower-cased before they are checked."""
 
 
+ALGORITHM_SPELLINGS = {"dr_grpo": "drgrpo", "dr-grpo": "drgrpo"}
+"""Other systems' names of the algorithms here: TRL's `dr_grpo` (its `loss_type`)."""
+
+
 def normalize_config(config) -> None:
-    """Spellings other systems use, in place: names in any case (`CASE_FREE_KEYS`)."""
+    """Spellings other systems use, in place: names in any case (`CASE_FREE_KEYS`), other systems' algorithm names
+    (`ALGORITHM_SPELLINGS`)."""
     for key in CASE_FREE_KEYS:
         if isinstance(config[key], str):
             config[key] = config[key].lower()
+    config.algorithm_name = ALGORITHM_SPELLINGS.get(config.algorithm_name, config.algorithm_name)
 
 
 def flat_items(tree, prefix: str = ""):

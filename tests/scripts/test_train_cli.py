@@ -285,3 +285,29 @@ def test_a_run_whose_every_checkpoint_is_damaged_stops_with_a_message(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "no intact checkpoint in" in done.stderr.strip().splitlines()[-1]
     assert sorted(int(n) for n in os.listdir(run_dir / "checkpoints") if n.isdigit()) == steps
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_option_with_its_value_and_meaning(flag, tmp_path):
+    """Before: `Unknown command line flag 'help'`. Each option appears once, under its section, with the value of
+    the config given (a recipe's own) and the meaning written beside it in configs/default.py."""
+    import importlib
+
+    from mathrl_jax.configs import default
+    from mathrl_jax.train.validation import flat_items
+
+    recipe = "mathrl_jax/configs/grpo_qwen_math.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    script = os.path.join(ROOT, "scripts", "train.py")
+    for config_flags, config in (([], default.get_config()), ([f"--config={recipe}"], None)):
+        if config is None:
+            config = importlib.import_module("mathrl_jax.configs.grpo_qwen_math").get_config()
+        done = subprocess.run(
+            [sys.executable, script, *config_flags, flag], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        for key, value in flat_items(config):
+            assert done.stdout.count(f"  --config.{key}={value!r}\n") == 1, key
+    assert "--config.lr=1e-06" in done.stdout  # the recipe's value, not the default's
+    assert '      a local HF checkpoint; "" = the tiny offline model' in done.stdout
+    assert "\nmodel:\n" in done.stdout and "\nupdate:\n" in done.stdout

@@ -489,3 +489,15 @@ def test_names_are_taken_in_any_case():
     config.algorithm_name, config.sampler, config.kl_kind = "GRPO", "JAX", "K3"
     validation.validate_settings(config)
     assert (config.algorithm_name, config.sampler, config.kl_kind) == ("grpo", "jax", "k3")
+    config.algorithm_name = "Dr_GRPO"  # TRL's spelling of Dr. GRPO
+    validation.validate_settings(config)
+    assert config.algorithm_name == "drgrpo"
+
+
+def test_a_resumed_run_says_where_it_resumes(model_dir, tmp_path, capsys):
+    run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
+    capsys.readouterr()
+    run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=3, progress=True))
+    assert f"resuming {tmp_path / 'run'} from its checkpoint of iteration 1 (2 of 3 iterations to go)" in (
+        capsys.readouterr().err
+    )
