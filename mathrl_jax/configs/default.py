@@ -28,7 +28,7 @@ def mesh_config(dp: int = 1, fsdp: int = -1, tp: int = 1) -> ml_collections.Conf
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.algorithm_name = "grpo"  # grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo
+    config.algorithm_name = "grpo"  # grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo rloo reinforce_pp
     config.seed = 0
     config.run_dir = "runs/default"
     config.resume = True  # continue from the latest checkpoint in run_dir/checkpoints if there is one
@@ -84,11 +84,24 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_env_steps = 0  # if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)
 
     # --- reward ------------------------------------------------------------------------
-    config.reward_source = "verifier"  # verifier | prm | prm+verifier (PRM step scores on action ends)
+    # verifier | prm | prm+verifier (PRM step scores on action ends) | functions | verifier+functions
+    config.reward_source = "verifier"
     config.prm = ml_collections.ConfigDict({"step_tag": "ки", "candidate_tokens": ("+", "-")})
     config.env_name = ""  # "" = single-turn problems; guess_number = GEM's multi-turn game (reinforce_rebn)
+    # reward.functions: your own reward functions (reward_source "functions" or "verifier+functions"),
+    # comma-separated "module:function" or "path/to/file.py:function", called as TRL calls its reward_funcs
+    # (rewards/functions.py); reward.weights: one per function, comma-separated ("" = 1 each).
     config.reward = ml_collections.ConfigDict(
-        {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0, "format_reward": 0.0, "timeout_s": 5.0, "num_workers": 2}
+        {
+            "correct": 1.0,
+            "incorrect": 0.0,
+            "no_answer": 0.0,
+            "format_reward": 0.0,
+            "timeout_s": 5.0,
+            "num_workers": 2,
+            "functions": "",
+            "weights": "",
+        }
     )
 
     # The control: the verifier's rewards shuffled within each batch (same distribution, no information).

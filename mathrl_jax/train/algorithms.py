@@ -10,6 +10,9 @@
 | `tppo`           | POAD's action-decomposed token backup (OpenR)          | `ppo`                           |
 | `reinforce_rebn` | per-turn returns, batch-normalised (GEM)               | `reinforce`                     |
 | `async_ppo`      | group-relative (AReaL's default)                       | `decoupled_ppo` (AReaL)         |
+| `rloo`           | leave-one-out baseline, n/(n-1) (s - mean_g) (RLOO)    | `ppo`                           |
+| `reinforce_pp`   | group mean removed, whitened over the batch's tokens   | `ppo`                           |
+|                  | (REINFORCE++-baseline, verl's estimator)               |                                 |
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import dataclasses
 class Algorithm:
     """What one algorithm is made of.
 
-    advantages: the estimator `rollout.compute_advantages` applies: "group", "group_mean", "rebn" (one sequence
-      advantage broadcast over its tokens), "gae", "action_gae", "action_decomposed_gae" (with a critic).
+    advantages: the estimator `rollout.compute_advantages` applies: "group", "group_mean", "rloo", "rebn" (one
+      sequence advantage broadcast over its tokens), "reinforce_pp_baseline" (per token, whitened over the batch),
+      "gae", "action_gae", "action_decomposed_gae" (with a critic).
     policy_loss: a name in `losses.registry.POLICY_LOSSES`.
     critic: trains a value model.
     groups: compares the samples of one prompt (needs group_size >= 2).
@@ -43,6 +47,9 @@ ALGORITHMS = {
     "tppo": Algorithm("action_decomposed_gae", "ppo", critic=True),
     "reinforce_rebn": Algorithm("rebn", "reinforce"),
     "async_ppo": Algorithm("group", "decoupled_ppo", groups=True),
+    # verl's adv_estimator=rloo and reinforce_plus_plus_baseline, with its PPO actor loss; TRL's RLOOTrainer too.
+    "rloo": Algorithm("rloo", "ppo", groups=True),
+    "reinforce_pp": Algorithm("reinforce_pp_baseline", "ppo", groups=True),
 }
 NAMES = tuple(ALGORITHMS)
 

@@ -16,6 +16,7 @@ from flax import nnx
 from mathrl_jax import executable_cache, losses, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
+from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING, VllmSampler
@@ -45,6 +46,18 @@ def _model_dir(config, run_dir: str) -> str:
 
     distributed.on_main_process("initial_model", write)
     return directory
+
+
+def _reward_functions(config, given):
+    """The run's `RewardFunctions`: `given` (Python callables) or those `reward.functions` names; None without."""
+    if "functions" not in config.reward_source:
+        return None
+    try:
+        if given:
+            return RewardFunctions(list(given), parse_weights(config.reward.weights, len(given)))
+        return RewardFunctions.from_config(config.reward.functions, config.reward.weights)
+    except RewardFunctionError as error:
+        fail(str(error))
 
 
 def _check_model_path(config):
@@ -150,9 +163,17 @@ def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return policy, critic
 
 
-def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
-    """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any."""
+def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=None) -> Run:
+    """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any.
+
+    `reward_functions`: callables in TRL's reward-function convention (`rewards.functions`), in place of the ones
+    `reward.functions` names (reward_source "functions" / "verifier+functions")."""
+    if reward_functions:  # given in Python: the config says how they combine with the verifier
+        if "functions" not in str(config.reward_source):
+            config.reward_source = "functions"
+        config.reward.functions = ",".join(getattr(f, "__name__", "function") for f in reward_functions)
     validate_config(config)
+    functions = _reward_functions(config, reward_functions)
     train_problems, eval_problems = load_data(config)
     check_warmstart_data(config)
     model_config = _check_model_path(config)
@@ -280,6 +301,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None) -> Run:
     sampler.update_weights(state.params, int(state.policy_version))
     return Run(
         reward_fn=reward_fn,
+        reward_functions=functions,
         config=config,
         run_dir=run_dir,
         codec=codec,

@@ -12,12 +12,14 @@ from typing import Any, Dict, List, Optional
 import jax
 import numpy as np
 
+from mathrl_jax.rewards.functions import RewardFunctionError
 from mathrl_jax.rewards.math_grader import GradeResult, MathGrader, batch_rewards
 from mathrl_jax.sampling import SamplingParams
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train.batch import action_indices
 from mathrl_jax.train.problems import encode_prompts
 from mathrl_jax.train.run import Run
+from mathrl_jax.train.validation import fail
 
 
 class SerialGrader:
@@ -69,9 +71,21 @@ def collect(run: Run, iteration: int):
     rollouts = run.sampler.generate(prompt_ids, params)
     golds = [p.answer for p in problems for _ in range(c.group_size)]
     texts = rollouts.texts or [run.codec.decode(ids) for ids in rollouts.completion_ids]
-    reward_fn = run.reward_fn or run.grader.rewards
     start = time.perf_counter()
-    scores, reward_metrics = reward_fn(texts, golds)
+    if run.config.reward_source == "functions":  # the user's functions alone: nothing is graded
+        scores, reward_metrics = np.zeros(len(texts), np.float32), {}
+    else:
+        scores, reward_metrics = (run.reward_fn or run.grader.rewards)(texts, golds)
+    if run.reward_functions is not None:
+        problems_per_row = [p for p in problems for _ in range(c.group_size)]
+        prompt_texts = [run.codec.decode(ids, skip_special_tokens=False) for ids in prompt_ids]
+        prompt_texts = [t for t in prompt_texts for _ in range(c.group_size)]
+        try:
+            extra, function_metrics = run.reward_functions(prompt_texts, texts, problems_per_row)
+        except RewardFunctionError as error:
+            fail(f"iteration {iteration}: {error}")
+        scores = np.asarray(scores, np.float32) + extra
+        reward_metrics = {**reward_metrics, **function_metrics}
     reward_metrics = {**reward_metrics, "perf/grade_time": time.perf_counter() - start}
     return rollouts, problems, np.asarray(scores, np.float32), reward_metrics
 

@@ -18,7 +18,7 @@ import json
 import os
 import time
 import zlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -90,6 +90,9 @@ def rollout_source(run: Run):
     return ROLLOUT_SOURCES[kind](run)
 
 
+GRADER_RATES = ("reward/accuracy", "reward/no_answer_rate")  # logged as rollout/accuracy, rollout/no_answer_rate
+
+
 def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     """One iteration (see the module docstring); updates `run.state` and tells `source` (default: the synchronous
     loop's, which gives the sampler the new weights)."""
@@ -105,7 +108,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
             f"iteration {iteration}: rollouts of version {rollouts.policy_version} are {staleness} versions old, over "
             f"max_head_offpolicyness={run.config.max_head_offpolicyness}"
         )
-    if "verifier" not in run.config.reward_source:
+    if run.config.reward_source == "prm":
         scores = np.zeros_like(scores)  # step rewards only
     if run.config.shuffle_rewards:
         scores = shuffled_rewards(scores, run.config.seed, iteration)
@@ -136,10 +139,8 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
     earned = scores if got.action_rewards is None else scores + got.action_rewards.sum(axis=1)
     metrics = {
         "rollout/rewards": float(np.mean(earned[real])),
-        "rollout/accuracy": reward_metrics.get("reward/accuracy", float("nan")),
         "rollout/response_length": float(lengths[real].mean()),
         "rollout/truncated_fraction": float(np.mean(np.asarray(rollouts.finish_reasons)[real] == "length")),
-        "rollout/no_answer_rate": reward_metrics.get("reward/no_answer_rate", float("nan")),
         "rollout/grader_timeouts": reward_metrics.get("reward/timeout_count", 0.0),
         "perf/step_time": done - start,
         "perf/generate_time": got.generate_seconds,
@@ -158,6 +159,9 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         ),
         **batch_metrics,
         **{k: v for k, v in reward_metrics.items() if k.startswith(("rollout/", "perf/"))},
+        # The grader's verdicts, where one graded (not for reward functions alone, nor a custom reward_fn's
+        # rewards without them): absent rather than NaN.
+        **{f"rollout/{k[len('reward/') :]}": v for k, v in reward_metrics.items() if k in GRADER_RATES},
     }
     for key, value in update_metrics.items():
         metrics[RENAMES.get(key, f"train/{key}")] = float(value)
@@ -228,14 +232,16 @@ def train(
     *,
     on_metrics: Optional[Callable[[int, Dict[str, float]], None]] = None,
     reward_fn: Optional[RewardFn] = None,
+    reward_functions: Optional[Sequence[Callable]] = None,
 ) -> Dict[str, Any]:
     """Runs (or resumes) a training run; returns a summary with the eval curve and the final state.
 
-    `reward_fn(texts, golds) -> (scores, metrics)` replaces the math grader's
-    rewards (e.g. a custom verifier); `on_metrics(iteration, metrics)` sees every
-    iteration's metrics.
+    `reward_functions`: your reward functions in TRL's convention (`fn(prompts, completions, answer, ...) ->
+    [float]`, `rewards.functions`), summed with `reward.weights`, alone or (reward_source "verifier+functions")
+    added to the verifier's score. `reward_fn(texts, golds) -> (scores, metrics)` replaces the math grader's
+    rewards (e.g. a custom verifier); `on_metrics(iteration, metrics)` sees every iteration's metrics.
     """
-    run = build_run(config, reward_fn)
+    run = build_run(config, reward_fn, reward_functions)
     c = config
     source = rollout_source(run)
     summary: Dict[str, Any] = {

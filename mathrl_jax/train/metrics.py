@@ -49,13 +49,14 @@ RESERVED_KEYS = ("step", "time")
 METRIC_NAMES: dict[str, str] = {
     # rollout: the batch of sampled responses (real rows only: not a multi-turn batch's padding)
     "rollout/rewards": "mean reward a response earned (verifier score plus PRM step scores)",
+    "rollout/function/{name}": "mean score of reward function {name} (reward.functions), before its weight",
     "rollout/accuracy": (
-        "fraction of responses the verifier grades correct (multi-turn: of episodes won; NaN if a custom reward_fn "
-        "does not report `reward/accuracy`)"
+        "fraction of responses the verifier grades correct (multi-turn: of episodes won; absent where nothing "
+        "grades: reward functions alone, or a custom reward_fn that does not report `reward/accuracy`)"
     ),
     "rollout/response_length": "mean response length, in tokens",
     "rollout/truncated_fraction": "fraction of responses cut at max_new_tokens (verl `response_length/clip_ratio`)",
-    "rollout/no_answer_rate": "fraction of responses with no final answer to grade (NaN if the reward does not say)",
+    "rollout/no_answer_rate": "fraction of responses with no final answer to grade (absent if the reward does not say)",
     "rollout/grader_timeouts": "responses whose grading ran past reward.timeout_s (graded incorrect)",
     "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
     "rollout/sampler_logprob_diff": (
@@ -145,8 +146,15 @@ METRIC_NAMES: dict[str, str] = {
 }
 
 
+_PLACEHOLDERS = {"{k}": "[1-9][0-9]*", "{name}": "[A-Za-z_][A-Za-z0-9_]*"}
 _NAME_FAMILIES = {
-    name: re.compile(re.escape(name).replace(re.escape("{k}"), "[1-9][0-9]*")) for name in METRIC_NAMES if "{k}" in name
+    name: re.compile(
+        re.escape(name)
+        .replace(re.escape("{k}"), _PLACEHOLDERS["{k}"])
+        .replace(re.escape("{name}"), _PLACEHOLDERS["{name}"])
+    )
+    for name in METRIC_NAMES
+    if any(p in name for p in _PLACEHOLDERS)
 }
 
 

@@ -93,12 +93,24 @@ def overlong_penalty(
 def _sequence_advantages(scores, group_ids, row_mask, response_mask, *, estimator: str, num_groups, gamma: float):
     """One advantage per sequence (GRPO, Dr. GRPO, single-turn ReBN) on each of its response tokens; one program
     rather than a chain of eager ones, each a dispatch."""
+    if estimator == "reinforce_pp_baseline":  # per token: the batch's whitening weighs long responses more
+        return losses.reinforce_plus_plus_baseline_advantages(
+            scores, group_ids, response_mask, seq_mask=row_mask, num_groups=num_groups
+        )
     if estimator == "rebn":  # single-turn: one turn per row
         seq_adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
     else:
-        group_fn = losses.group_relative_advantages if estimator == "group" else losses.dr_grpo_advantages
+        group_fn = SEQUENCE_ESTIMATORS[estimator]
         seq_adv = group_fn(scores, group_ids, seq_mask=row_mask, num_groups=num_groups)
     return losses.broadcast_to_tokens(seq_adv, response_mask)
+
+
+SEQUENCE_ESTIMATORS = {
+    "group": losses.group_relative_advantages,
+    "group_mean": losses.dr_grpo_advantages,
+    "rloo": losses.rloo_advantages,
+}
+"""The group estimators of one advantage per sequence (`_sequence_advantages`), by `Algorithm.advantages`."""
 
 
 def compute_advantages(
@@ -154,7 +166,7 @@ def compute_advantages(
     response_mask = response_mask * row_mask[:, None]
     scores = jnp.asarray(scores, jnp.float32)
     out = {"response_mask": response_mask}
-    if estimator in ("group", "group_mean", "rebn"):  # one advantage per sequence, on all its tokens
+    if estimator in (*SEQUENCE_ESTIMATORS, "rebn", "reinforce_pp_baseline"):  # no critic: from the scores
         group_ids = jnp.zeros((n,), jnp.int32) if group_ids is None else jnp.asarray(group_ids)
         out["advantages"] = _sequence_advantages(
             scores, group_ids, row_mask, response_mask, estimator=estimator, num_groups=num_groups, gamma=gamma

@@ -43,6 +43,7 @@ class Run:
     start_iteration: int
     warmstart_metrics: Dict[str, float]
     reward_fn: Optional[RewardFn] = None  # (texts, golds) -> (scores [N], metrics); default: the math grader
+    reward_functions: Any = None  # rewards.functions.RewardFunctions (reward_source with "functions")
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
     prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)

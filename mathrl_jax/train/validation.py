@@ -19,6 +19,7 @@ class TrainingError(ValueError):
     """Bad input to a training run (config, data, model path, mesh); the message names it."""
 
 
+REWARD_SOURCES = ("verifier", "prm", "prm+verifier", "functions", "verifier+functions")
 DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl")
 
 
@@ -209,11 +210,18 @@ def validate_settings(config) -> None:
             f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', "
             f"not {c.algorithm_name!r}"
         )
-    if c.reward_source not in ("verifier", "prm", "prm+verifier"):
-        fail(f"unknown reward_source {c.reward_source!r}; expected 'verifier', 'prm' or 'prm+verifier'")
+    if c.reward_source not in REWARD_SOURCES:
+        fail(f"unknown reward_source {c.reward_source!r}; expected one of {REWARD_SOURCES}")
+    if ("functions" in c.reward_source) != bool(str(c.reward.functions).strip()):
+        fail(
+            f"reward_source={c.reward_source!r} with reward.functions={c.reward.functions!r}: functions are used with "
+            "reward_source 'functions' or 'verifier+functions', and those need reward.functions ('module:function')"
+        )
+    if "functions" in c.reward_source and c.env_name:
+        fail(f"reward.functions score single-turn completions; env_name={c.env_name!r} is multi-turn")
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
         fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
-    if c.shuffle_rewards and (c.env_name or c.reward_source != "verifier"):
+    if c.shuffle_rewards and (c.env_name or "prm" in c.reward_source):
         fail(
             "shuffle_rewards (the control run) shuffles the verifier's per-response rewards: it needs "
             f"reward_source='verifier' and no env_name, got {c.reward_source!r} and {c.env_name!r}"

@@ -132,7 +132,7 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
             json.dump(warmstart_settings(config), f, indent=2)
         with open(os.path.join(d, WARMSTART_METRICS), "w") as f:  # kept with the model: see unlogged_...
-            json.dump(metrics, f, indent=2)
+            json.dump({"run_dir": os.path.realpath(run_dir), "metrics": metrics}, f, indent=2)
 
     # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
     distributed.on_main_process("warmstart_model", lambda: write_atomically(directory, write))
@@ -141,14 +141,18 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
 
 def unlogged_warmstart_metrics(run_dir: str, directory: str) -> dict:
     """The warm-start's record, saved beside its model, when `metrics.jsonl` does not hold it yet: a run killed
-    between writing `warmstart_model` and logging the record logs it when resumed; otherwise nothing."""
+    between writing `warmstart_model` and logging the record logs it when resumed; otherwise nothing. Only the
+    run that trained the warm-start logs it: a copy of another run's `warmstart_model` (a control's) does not."""
     path = os.path.join(directory, WARMSTART_METRICS)
     log = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    if saved.get("run_dir") != os.path.realpath(run_dir):
         return {}
     if os.path.isfile(log):
         with open(log, encoding="utf-8", errors="replace") as f:
             if any('"warmstart/eval_accuracy_after"' in line for line in f):
                 return {}
-    with open(path) as f:
-        return json.load(f)
+    return saved["metrics"]

@@ -126,6 +126,14 @@ CASES = {
         lambda t: [f"--config.dataset_path={t}/problems.jsonl"],
         "dataset_name='arithmetic'",
     ),
+    "a reward function that does not load": (
+        lambda t: ["--config.reward_source=functions", "--config.reward.functions=no_such_module:score"],
+        "cannot load 'no_such_module'",
+    ),
+    "reward functions without the source that uses them": (
+        lambda t: ["--config.reward.functions=my_rewards:score"],
+        "reward.functions='my_rewards:score'",
+    ),
     "mistyped key": (lambda t: ["--config.num_iteration=3"], 'Did you mean "num_iterations"'),
     "jax sampler with rows over the checkpoint's positions": (
         lambda t: [f"--config.model_name_or_path={short_model(t)}", "--config.max_new_tokens=40"],
@@ -311,3 +319,31 @@ def test_help_lists_every_option_with_its_value_and_meaning(flag, tmp_path):
     assert "--config.lr=1e-06" in done.stdout  # the recipe's value, not the default's
     assert '      a local HF checkpoint; "" = the tiny offline model' in done.stdout
     assert "\nmodel:\n" in done.stdout and "\nupdate:\n" in done.stdout
+
+
+def test_the_readmes_reward_functions_command_trains(tmp_path):
+    """The README's `--config.reward.functions=examples/my_rewards.py:...` command (shortened: no warm-start, two
+    small iterations): it runs, and logs each function's mean beside the verifier's accuracy, nothing NaN."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme[readme.index("python scripts/train.py --config.reward_source=verifier+functions") :]
+    flags = [f for f in block[: block.index("```")].replace("\\\n", " ").split()[2:]]
+    assert flags[0] == "--config.reward_source=verifier+functions", flags
+    short = [
+        "--config.warmstart.steps=0",
+        "--config.n_rollout_threads=4",
+        "--config.group_size=2",
+        "--config.num_mini_batch=1",
+        "--config.max_new_tokens=8",
+        "--config.eval_interval=0",
+        "--config.num_iterations=2",
+        "--config.arithmetic.num_train=16",
+        "--config.arithmetic.num_eval=4",
+        "--config.num_eval_problems=4",
+    ]
+    done = run_train(tmp_path / "run", *flags, *short)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    trained = [r for r in records if "train/policy_loss" in r]
+    assert len(trained) == 2 and all(r["rollout/accuracy"] is not None for r in trained)
+    assert all(0.0 <= r["rollout/function/boxed_once"] <= 1.0 and 0.0 < r["rollout/function/brevity"] for r in trained)
+    assert not [(r["step"], k) for r in records for k, v in r.items() if v is None]

@@ -11,7 +11,7 @@ import pytest
 
 from mathrl_jax.configs import default
 from mathrl_jax.models import write_tiny_checkpoint
-from mathrl_jax.train import batch, build, collect, loop, problems, validation, warmstart
+from mathrl_jax.train import batch, build, collect, loop, problems, rollout, validation, warmstart
 
 DIGITS = set("0123456789")
 
@@ -83,8 +83,10 @@ ALGORITHM_SETTINGS = {
     "tppo": {"step_separator": "+"},
     "reinforce_rebn": {},
     "async_ppo": {"max_head_offpolicyness": 1},
+    "rloo": {},
+    "reinforce_pp": {},
 }
-FAST = ("grpo",)
+FAST = ("grpo", "rloo")
 
 
 @pytest.mark.parametrize(
@@ -474,7 +476,10 @@ def test_a_warmstart_record_lost_to_a_kill_is_logged_when_resumed(tmp_path):
     run_dir, directory = tmp_path / "run", tmp_path / "run" / "warmstart_model"
     directory.mkdir(parents=True)
     record = {"warmstart/eval_accuracy_before": 0.1, "warmstart/eval_accuracy_after": 0.7}
-    (directory / warmstart.WARMSTART_METRICS).write_text(json.dumps(record))
+    saved = {"run_dir": os.path.realpath(run_dir), "metrics": record}
+    (directory / warmstart.WARMSTART_METRICS).write_text(json.dumps(saved))
+    copied_to = tmp_path / "control"  # another run's copy of the warm-start (a control's): not its record
+    assert warmstart.unlogged_warmstart_metrics(str(copied_to), str(directory)) == {}
     assert warmstart.unlogged_warmstart_metrics(str(run_dir), str(directory)) == record  # no metrics.jsonl yet
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "rollout/rewards": 0.5}) + "\n")
     assert warmstart.unlogged_warmstart_metrics(str(run_dir), str(directory)) == record
@@ -501,3 +506,73 @@ def test_a_resumed_run_says_where_it_resumes(model_dir, tmp_path, capsys):
     assert f"resuming {tmp_path / 'run'} from its checkpoint of iteration 1 (2 of 3 iterations to go)" in (
         capsys.readouterr().err
     )
+
+
+REWARD_MODULE = '''
+def digits(prompts, completions, **columns):
+    """TRL's convention: one float per completion."""
+    return [sum(ch in "0123456789" for ch in c) / max(len(c), 1) for c in completions]
+
+
+def sees_the_rows(prompts, completions, answer, question, uid, **columns):
+    assert len(prompts) == len(completions) == len(answer) == len(question) == len(uid)
+    assert all(q in p for p, q in zip(prompts, question))  # each prompt is its problem's, formatted
+    return [0.0] * len(completions)
+'''
+
+
+def test_reward_functions_named_in_the_config_train_the_policy(model_dir, tmp_path):
+    """TRL's reward-function convention, named as verl names one (`file.py:function`), weighted: the policy learns
+    the functions' reward, each function's mean is logged, and nothing is NaN (no verifier: no accuracy)."""
+    import json
+
+    module = tmp_path / "my_rewards.py"
+    module.write_text(REWARD_MODULE)
+    config = small_config(
+        model_dir,
+        tmp_path / "run",
+        reward_source="functions",
+        **{"reward.functions": f"{module}:digits,{module}:sees_the_rows", "reward.weights": "1.0,0.5"},
+    )
+    summary, history = run_and_record(config, reward_fn=None)
+    rewards = [m["rollout/rewards"] for _, m in history]
+    assert np.mean(rewards[-2:]) > np.mean(rewards[:2]) + 0.1, rewards
+    for _, m in history:  # weight 1, and 0.5 x 0
+        assert m["rollout/rewards"] == pytest.approx(m["rollout/function/digits"], abs=1e-6)
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert not [(r["step"], k) for r in records for k, v in r.items() if v is None]  # no NaN written
+    assert not any("rollout/accuracy" in r for r in records if "train/policy_loss" in r)
+
+
+def test_reward_functions_from_python_add_to_the_verifier(model_dir, tmp_path):
+    namespace = {}
+    exec(REWARD_MODULE, namespace)
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1, reward_source="verifier+functions")
+    history = []
+    summary = loop.train(config, reward_functions=[namespace["digits"]], on_metrics=lambda i, m: history.append(m))
+    (metrics,) = history
+    assert metrics["rollout/accuracy"] >= 0.0  # the verifier graded
+    assert metrics["rollout/rewards"] == pytest.approx(
+        metrics["rollout/function/digits"] + metrics["rollout/accuracy"], abs=1e-6
+    )  # reward.correct = 1, incorrect = no_answer = 0
+    assert summary["final_iteration"] == 1
+
+
+def test_rloo_and_reinforce_pp_advantages_are_verls_formulas():
+    """The two estimators the record adds, through the loop's dispatch, against the formulas written out here
+    (verl `compute_rloo_outcome_advantage`, `compute_reinforce_plus_plus_baseline_outcome_advantage`)."""
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 2, 12).astype(np.float32) + rng.normal(0, 0.1, 12).astype(np.float32)
+    group_ids = np.repeat(np.arange(3), 4)
+    mask = (np.arange(6)[None, :] < rng.integers(1, 7, 12)[:, None]).astype(np.float32)
+    batch = {"response_mask": mask}
+    means = np.array([scores[group_ids == g].mean() for g in group_ids])
+    rloo = rollout.compute_advantages("rloo", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    expected = (scores - (means * 4 - scores) / 3)[:, None] * mask  # s_i minus the mean of the other three
+    np.testing.assert_allclose(np.asarray(rloo), expected, atol=1e-5)
+    pp = rollout.compute_advantages("reinforce_pp", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    centred = (scores - means)[:, None] * mask
+    token_mean = centred.sum() / mask.sum()
+    token_var = (((centred - token_mean) * mask) ** 2).sum() / (mask.sum() - 1)  # unbiased, as verl's masked_whiten
+    expected = (centred - token_mean) / np.sqrt(token_var + 1e-8) * mask
+    np.testing.assert_allclose(np.asarray(pp) * mask, expected, atol=1e-4)
