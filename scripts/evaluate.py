@@ -103,6 +103,12 @@ def main(argv=None) -> int:
 
     if args.template not in TEMPLATE_NAMES:
         parser.error(f"--template {args.template!r} is not a prompt template; choose from {', '.join(TEMPLATE_NAMES)}")
+    from mathrl_jax.models.hub import HubModelError, resolve_model_dir
+
+    try:  # a Hub id: its snapshot in the local Hugging Face cache (nothing is downloaded)
+        args.model = resolve_model_dir(args.model, "--model")
+    except HubModelError as error:
+        parser.error(str(error))
     problem = model_dir_problem(args.model)
     if problem:
         parser.error(problem)

@@ -16,6 +16,7 @@ from flax import nnx
 from mathrl_jax import executable_cache, losses, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
+from mathrl_jax.models.hub import HubModelError, resolve_model_dir
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
@@ -173,6 +174,11 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
             config.reward_source = "functions"
         config.reward.functions = ",".join(getattr(f, "__name__", "function") for f in reward_functions)
     validate_config(config)
+    for key in ("model_name_or_path", "prm_model_name_or_path"):  # a Hub id: its snapshot in the local cache
+        try:
+            config[key] = resolve_model_dir(config[key], key)
+        except HubModelError as error:
+            fail(str(error))
     functions = _reward_functions(config, reward_functions)
     train_problems, eval_problems = load_data(config)
     check_warmstart_data(config)

@@ -347,3 +347,46 @@ def test_the_readmes_reward_functions_command_trains(tmp_path):
     assert len(trained) == 2 and all(r["rollout/accuracy"] is not None for r in trained)
     assert all(0.0 <= r["rollout/function/boxed_once"] <= 1.0 and 0.0 < r["rollout/function/brevity"] for r in trained)
     assert not [(r["step"], k) for r in records for k, v in r.items() if v is None]
+
+
+def fill_hub_cache(cache, repo_id, revision="0123456789abcdef0123456789abcdef01234567"):
+    """A local Hugging Face Hub cache holding `repo_id` as `hf download` leaves it: snapshots/<revision>/ and
+    refs/main naming that revision (the tiny model stands in for the repository's files)."""
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    write_tiny_checkpoint(str(repo / "snapshots" / revision), seed=0, num_hidden_layers=1)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return repo / "snapshots" / revision
+
+
+def test_a_model_named_by_hub_id_is_found_in_the_local_cache_offline(tmp_path, monkeypatch):
+    """`--config.model_name_or_path=org/name` resolves through the local Hub cache (offline: HF_HUB_OFFLINE=1, and
+    a run never downloads); an id the cache lacks is refused with how to fetch it."""
+    cache = tmp_path / "hub"
+    snapshot = fill_hub_cache(cache, "tiny-org/tiny-qwen")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    short = [
+        "--config.warmstart.steps=0",
+        "--config.n_rollout_threads=4",
+        "--config.group_size=2",
+        "--config.num_mini_batch=1",
+        "--config.max_new_tokens=4",
+        "--config.eval_interval=0",
+        "--config.num_iterations=1",
+        "--config.arithmetic.num_train=16",
+        "--config.arithmetic.num_eval=4",
+        "--config.num_eval_problems=4",
+    ]
+    done = run_train(tmp_path / "run", "--config.model_name_or_path=tiny-org/tiny-qwen", *short)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert os.path.samefile(saved["model_name_or_path"], snapshot)
+    missing = run_train(tmp_path / "run2", "--config.model_name_or_path=tiny-org/not-downloaded", *short)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
+    assert "nor in the local Hugging Face cache" in missing.stderr and "hf download tiny-org/not-downloaded" in (
+        missing.stderr
+    )
+    assert not (tmp_path / "run2").exists()
