@@ -1,8 +1,13 @@
 """The README's example is the quickstart script, and it learns."""
 
+import os
 import pathlib
 import re
 import runpy
+import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,3 +49,22 @@ def test_readme_first_command_runs_the_training_script():
     readme = (ROOT / "README.md").read_text()
     assert ".venv/bin/python scripts/train.py\n" in readme
     assert "\nbash scripts/install_vllm_cpu.sh && .venv/bin/python -m pytest\n" in readme
+
+
+def python_blocks():
+    """Every ```python block of the README, but the quickstart (its own tests above run it)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    quickstart = (ROOT / "scripts" / "quickstart.py").read_text()
+    return [b for b in blocks if b != quickstart]
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_every_python_block_of_the_readme_runs_as_written(index, tmp_path):
+    """Each block alone, in a fresh interpreter, in an empty directory: self-contained, as a reader copies it."""
+    script = tmp_path / "block.py"
+    script.write_text(python_blocks()[index])
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # the reader's environment, not the test session's 8 devices
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"README python block {index}:\n{python_blocks()[index]}\n{done.stderr[-3000:]}"
