@@ -254,6 +254,7 @@ def train(
         initial_step=run.start_iteration,
         keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"),
         disable=not c.progress,
+        desc="RL",
     )
     try:
         if run.start_iteration:

@@ -384,6 +384,8 @@ class Progress:
         ("rollout/accuracy" -> "accuracy"), when present in `update`'s metrics.
       disable: no output; also off on every process but the main one.
       file: where the bar is drawn (default stderr).
+      desc: the bar's label. Until the first `update` it reads "compiling" (the first step compiles its
+        programs), and the first step is left out of the rate: the ETA is the steps', not the compiler's.
     """
 
     def __init__(
@@ -394,6 +396,7 @@ class Progress:
         keys: Sequence[str] = ("rollout/accuracy", "rollout/rewards", "train/policy_loss"),
         disable: bool = False,
         file: IO[str] | None = None,
+        desc: str = "",
     ) -> None:
         from tqdm import tqdm
 
@@ -413,7 +416,10 @@ class Progress:
             file=file if file is not None else sys.stderr,
             unit="step",
             dynamic_ncols=True,
+            desc=f"{desc} (compiling)" if desc else "compiling",
         )
+        self._desc = desc
+        self._compiled = False
 
     @property
     def step(self) -> int:
@@ -430,6 +436,14 @@ class Progress:
         if self._bar.disable:
             return
         self._bar.set_postfix(self.figures(metrics), refresh=False)
+        if not self._compiled:  # the first step compiled: measure the rate from here
+            self._compiled = True
+            self._bar.reset(total=self._bar.total)
+            self._bar.initial = self._bar.n = step
+            self._bar.set_description(self._desc, refresh=False)
+            self._bar.set_postfix(self.figures(metrics), refresh=False)
+            self._bar.refresh()
+            return
         if step > self._bar.n:
             self._bar.update(step - self._bar.n)
         else:

@@ -17,6 +17,7 @@ from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
 from mathrl_jax.train.codec import TextCodec
 from mathrl_jax.train.evaluation import evaluate
+from mathrl_jax.train.metrics import Progress
 from mathrl_jax.train.problems import encode_prompts
 from mathrl_jax.train.validation import fail
 
@@ -105,17 +106,20 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
     before = held_out_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
     examples = warmstart_examples(config, codec, train_problems)
     start = time.time()
-    new_state = sft.supervised_warmstart(
-        model,
-        examples,
-        steps=config.warmstart.steps,
-        batch_size=config.warmstart.batch_size,
-        learning_rate=config.warmstart.lr,
-        warmup_steps=config.warmstart.warmup_steps,
-        seed=config.seed,
-        pad_id=codec.pad_token_id,
-        log_fn=None,
-    )
+    bar = Progress(config.warmstart.steps, keys=("loss",), disable=not config.progress, desc="warm-start")
+    with bar:
+        new_state = sft.supervised_warmstart(
+            model,
+            examples,
+            steps=config.warmstart.steps,
+            batch_size=config.warmstart.batch_size,
+            learning_rate=config.warmstart.lr,
+            warmup_steps=config.warmstart.warmup_steps,
+            seed=config.seed,
+            pad_id=codec.pad_token_id,
+            log_every=max(1, config.warmstart.steps // 100),
+            log_fn=bar.update if config.progress else None,
+        )
     seconds = time.time() - start
     warm = nnx.merge(nnx.graphdef(model), new_state)
     after = held_out_accuracy(config, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)

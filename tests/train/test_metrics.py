@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from fractions import Fraction
 
@@ -277,6 +278,20 @@ def test_progress_shows_steps_and_key_figures():
     assert silent.getvalue() == ""
     with pytest.raises(ValueError, match="initial_step=5 is after total_steps=4"):
         Progress(4, initial_step=5)
+
+
+def test_progress_says_compiling_and_leaves_the_first_step_out_of_the_rate():
+    """Before: a 7-minute ETA after a first iteration that compiled for minutes, and a bar frozen at 0/N."""
+    out = io.StringIO()
+    with Progress(10, file=out, desc="RL") as bar:
+        bar._bar.refresh()
+        assert "RL (compiling)" in out.getvalue()
+        time.sleep(0.5)  # the first step: compiling
+        bar.update(1, {})
+        bar.update(2, {})
+        rate = bar._bar.format_dict
+        assert rate["n"] == 2 and rate["initial"] == 1 and rate["elapsed"] < 0.4  # measured from step 1 on
+        assert bar._bar.desc.startswith("RL") and "compiling" not in bar._bar.desc
 
 
 # --------------------------------------------------------------------------------------------
