@@ -84,6 +84,10 @@ def main(argv=None) -> int:
         f"(default {DEFAULT_BATCH_TOKENS}); lower it to use less memory, raise it for throughput",
     )
     parser.add_argument(
+        "--out", default="", help="a JSONL file to write: one line per problem (its greedy completion, verdict, ...)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument(
         "--compilation-cache-dir",
         "--compilation_cache_dir",  # the spelling of train.py's config key, too
         default="auto",
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
         parser.error(f"--max-new-tokens {args.max_new_tokens}: expected >= 1")
     if args.n_samples < 0:
         parser.error(f"--n-samples {args.n_samples}: expected >= 0")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        parser.error(f"--out {args.out!r}: its directory does not exist")
 
     from mathrl_jax.data.prompts import TEMPLATE_NAMES
 
@@ -176,7 +182,14 @@ def main(argv=None) -> int:
             model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec, mesh=mesh
         )
     prompts = [codec.encode(format_prompt(p.question, args.template, tokenizer=codec.tokenizer)) for p in problems]
-    with MathGrader() as math_grader:
+    from tqdm import tqdm
+
+    passes = 2 if args.n_samples else 1  # greedy, then the samples
+    main_process = not several or jax.process_index() == 0
+    quiet = args.no_progress or not main_process
+    bar = tqdm(total=passes * len(prompts), unit="problem", desc="evaluate", disable=quiet)
+    records = [] if args.out else None
+    with MathGrader() as math_grader, bar:
         metrics = evaluate(
             sampler,
             prompts,
@@ -189,8 +202,14 @@ def main(argv=None) -> int:
             seed=args.seed,
             # vLLM schedules its own memory: hand it the prompts in large batches, as before.
             batch_tokens=args.batch_tokens if args.sampler == "jax" else None,
+            records=records,
+            on_progress=bar.update,
         )
     metrics["problems"] = len(problems)
+    if records is not None and main_process:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for problem, record in zip(problems, records):
+                f.write(json.dumps({"uid": problem.uid, "question": problem.question, **record}) + "\n")
     if not several or jax.process_index() == 0:  # accuracies to 4 places: 0.8218, not 0.8218000000000001
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=2))
     return 0

