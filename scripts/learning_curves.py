@@ -274,6 +274,39 @@ def save_ledger(path: str, ledger: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def report_progress(name: str, process: subprocess.Popen, run_dir: str, start: float, every_s: float) -> int:
+    """Waits for `process` (a train.py run), printing a line every `every_s` seconds: the warm-start's time, then
+    each new last logged iteration with its reward and accuracy; returns its exit status."""
+    shown = None
+    while True:
+        try:
+            return process.wait(timeout=every_s)
+        except subprocess.TimeoutExpired:
+            pass
+        path = os.path.join(run_dir, "metrics.jsonl")
+        if not os.path.isfile(path):
+            print(f"{name}: warm-start and compiling ({time.perf_counter() - start:.0f} s)", flush=True)
+            continue
+        last = {}
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line being written
+                    continue
+                if "rollout/rewards" in record:
+                    last = record
+        if last and last["step"] != shown:
+            shown = last["step"]
+            accuracy = last.get("rollout/accuracy")
+            print(
+                f"{name}: iteration {shown}, reward {last['rollout/rewards']:.3f}"
+                + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
+                + f" ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+
+
 def run_train(
     name: str,
     command: list[str],
@@ -282,6 +315,7 @@ def run_train(
     out: str,
     ledger: dict,
     prepare: Callable[[], None] | None = None,
+    progress_every_s: float = 15.0,
 ) -> float:
     """Runs one train.py (or reuses it when the same command already finished it); returns its wall seconds.
 
@@ -307,7 +341,8 @@ def run_train(
     start = time.perf_counter()
     # stdout (train.py's summary) is inherited; stderr (JAX's warnings) goes to a file, shown if the run fails.
     with open(stderr_path, "w", encoding="utf-8") as stderr:
-        status = subprocess.run([sys.executable, *command], env=env, stderr=stderr).returncode
+        process = subprocess.Popen([sys.executable, *command], env=env, stderr=stderr)
+        status = report_progress(name, process, run_dir, start, progress_every_s)
     seconds = time.perf_counter() - start
     if status != 0:
         with open(stderr_path, encoding="utf-8", errors="replace") as f:
@@ -347,7 +382,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--config", help="a mathrl_jax config file (default: train.py's, configs/default.py)")
     parser.add_argument("--no-control", action="store_true", help="skip the control runs (shuffled rewards)")
     parser.add_argument("--xla-flags", help="XLA_FLAGS of the training runs (replaces the environment's)")
+    parser.add_argument(
+        "--progress-every-s", type=float, default=15.0, help="a run's progress line at most this often (seconds)"
+    )
     args = parser.parse_args(own)
+    if not args.progress_every_s > 0:
+        parser.error(f"--progress-every-s {args.progress_every_s}: expected > 0")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))} repeats a seed")
     for flag in overrides:
@@ -374,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for seed in args.seeds:
         seed_dir = os.path.join(out, f"seed{seed}")
         command = [*base, f"--config.run_dir={seed_dir}", f"--config.seed={seed}"]
-        seconds = run_train(f"seed{seed}", command, seed_dir, env, out, ledger)
+        seconds = run_train(f"seed{seed}", command, seed_dir, env, out, ledger, progress_every_s=args.progress_every_s)
         row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
         if not args.no_control:
             control_dir = os.path.join(out, f"control{seed}")
@@ -388,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out,
                 ledger,
                 prepare=lambda: copy_start_models(seed_dir, control_dir),
+                progress_every_s=args.progress_every_s,
             )
             row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
         rows.append(row)

@@ -78,9 +78,12 @@ def check_png(path):
 
 def test_a_seed_and_its_control_end_to_end(tmp_path):
     out = tmp_path / "curves"
-    args = ["--seeds", "0", "--out", str(out), "--xla-flags", "--xla_force_host_platform_device_count=1", "--"]
+    args = ["--seeds", "0", "--out", str(out), "--xla-flags", "--xla_force_host_platform_device_count=1"]
+    args += ["--progress-every-s", "0.5", "--"]
     result = run_script(*args, *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Progress while a run trains (before: silent for minutes per run).
+    assert "seed0: warm-start and compiling (" in result.stdout or "seed0: iteration " in result.stdout
     check_png(out / "curves.png")
     markdown = (out / "curves.md").read_text()
     assert markdown.split("\n\n")[0] in result.stdout  # the table is printed too
