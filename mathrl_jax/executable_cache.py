@@ -253,8 +253,11 @@ class CachedJit:
         )
 
     def path(self, signature, environment_text: Optional[str] = None) -> str:
+        """The entry's file: named by the key and by whose secret signs it, so that users (or hosts) sharing one
+        cache directory with secrets of their own never read, and never remove, each other's entries."""
         text = self.key(signature, environment() if environment_text is None else environment_text)
-        return os.path.join(self.directory, f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.bin")
+        owner = hashlib.sha256(b"mathrl_jax cache owner\n" + secret(self.secret_file)).hexdigest()[:12]
+        return os.path.join(self.directory, f"{self.name}-{owner}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.bin")
 
     def __call__(self, *args, **static):
         """`jitted(*args, **static)`: positional arguments are traced, keyword ones are the jit's static ones."""
@@ -299,12 +302,12 @@ class CachedJit:
 
         start = time.perf_counter()
         key_text = self.key(signature, environment_text)
-        path = self.path(signature, environment_text)
         try:
             secret(self.secret_file)
         except OSError as error:  # no trusted secret: nothing is loaded or written
             logger.warning("%s: cache off: cannot use the secret %s (%s)", self.name, self.secret_file, error)
             return functools.partial(self.jitted, **static)
+        path = self.path(signature, environment_text)
         if os.path.exists(path):
             try:
                 serialized, in_tree, out_tree, device_ids = self._read_entry(path, key_text)

@@ -114,6 +114,7 @@ def print_help(argv) -> None:
 
     config = parse_config([a for a in argv if a not in HELP_FLAGS])
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]  # `--config FILE` too
     print(format_help(config, given[-1] if given else os.path.relpath(DEFAULT_CONFIG, ROOT)))
 
 

@@ -337,3 +337,21 @@ def test_the_secret_is_private_and_one_open_to_others_turns_the_cache_off(tmp_pa
     assert "open to other users" in caplog.text and (cached.loaded, cached.compiled) == (0, 0)
     with pytest.raises(ValueError, match="outside the cache directory"):
         executable_cache.CachedJit(make_program(2.0, []), str(tmp_path), "program", None, str(tmp_path / "k"))
+
+
+def test_two_secrets_sharing_a_directory_keep_their_own_entries(tmp_path):
+    """Two users (or hosts without a shared home) with one cache directory: each signs, finds and keeps its own
+    entries; before (found in review), each removed the other's as foreign on every start."""
+    params, carry = arguments()
+    cache = str(tmp_path / "cache")
+    alice, bob = (str(tmp_path / name / "secret.key") for name in ("alice", "bob"))
+    for secret_file in (alice, bob):
+        first = executable_cache.CachedJit(make_program(2.0, []), cache, "program", None, secret_file)
+        first(params, jnp.copy(carry), power=2)
+        assert first.compiled == 1
+    assert len(os.listdir(cache)) == 2
+    for secret_file in (alice, bob, alice):
+        again = executable_cache.CachedJit(make_program(2.0, []), cache, "program", None, secret_file)
+        again(params, jnp.copy(carry), power=2)
+        assert (again.loaded, again.compiled) == (1, 0)
+    assert len(os.listdir(cache)) == 2

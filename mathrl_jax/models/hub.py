@@ -27,12 +27,15 @@ def hub_cache_dir() -> str:
 
 
 def resolve_model_dir(name_or_path: str, what: str = "model_name_or_path") -> str:
-    """`name_or_path` if it is a local directory (or empty); else, for a Hub id, its snapshot in the local cache.
+    """`name_or_path` made absolute if it is a local directory ("" stays); else, for a Hub id, its snapshot in the
+    local cache.
 
     Raises `HubModelError` naming `what`, the value and the cache looked in, for a name found in neither.
     """
-    if not name_or_path or os.path.isdir(name_or_path):
+    if not name_or_path:
         return name_or_path
+    if os.path.isdir(name_or_path):  # absolute: a resumed run from another directory names the same checkpoint
+        return os.path.abspath(name_or_path)
     cache = hub_cache_dir()
     if not _REPO_ID.match(name_or_path) or os.path.exists(name_or_path):
         raise HubModelError(f"{what} {name_or_path!r} is not a local directory (nor a Hub id: 'org/name')")

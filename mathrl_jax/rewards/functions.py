@@ -8,9 +8,10 @@ Each is called as TRL calls its reward functions:
        subject=[...], uid=[...]) -> list of floats
 
 one entry per completion (a prompt repeated once per sample of its group), the problem's fields as keyword lists
-(`PROBLEM_COLUMNS`); a function takes the ones it needs and `**kwargs` for the rest. The reward of a completion
-is the weighted sum over the functions (`reward.weights`, TRL's `reward_weights`; default 1 each), plus the math
-verifier's score where `reward_source` is "verifier+functions".
+(`PROBLEM_COLUMNS`); a function takes the ones it needs and `**kwargs` for the rest. A `None` entry means "not
+scored by this function" (TRL's convention): it adds 0 and is left out of the function's logged mean. The reward
+of a completion is the weighted sum over the functions (`reward.weights`, TRL's `reward_weights`; default 1
+each), plus the math verifier's score where `reward_source` is "verifier+functions".
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ class RewardFunctions:
             raise RewardFunctionError(f"{len(weights)} weights for {len(functions)} reward functions")
         self.functions = list(functions)
         self.weights = tuple(float(w) for w in weights)
-        self.names = list(names) or [getattr(f, "__name__", f"function_{i}") for i, f in enumerate(functions)]
+        names = list(names) or [getattr(f, "__name__", f"function_{i}") for i, f in enumerate(functions)]
+        # Unique names for the metrics: a.py:score and b.py:score log as score and score_2.
+        self.names = [n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}" for i, n in enumerate(names)]
 
     @classmethod
     def from_config(cls, specs: str, weights: str) -> "RewardFunctions":
@@ -96,7 +99,8 @@ class RewardFunctions:
         for function, weight, name in zip(self.functions, self.weights, self.names):
             values = function(prompts=list(prompts), completions=list(completions), **columns)
             try:
-                values = np.asarray(values, np.float64).reshape(-1)
+                scored = np.array([v is not None for v in values], bool)
+                values = np.asarray([0.0 if v is None else v for v in values], np.float64).reshape(-1)
             except (TypeError, ValueError):
                 raise RewardFunctionError(
                     f"reward function {name!r} returned {type(values).__name__}, not a list of numbers"
@@ -108,5 +112,6 @@ class RewardFunctions:
             if not np.all(np.isfinite(values)):
                 raise RewardFunctionError(f"reward function {name!r} returned a non-finite value")
             total += weight * values
-            metrics[f"rollout/function/{name}"] = float(values.mean())
+            if scored.any():
+                metrics[f"rollout/function/{name}"] = float(values[scored].mean())
         return total.astype(np.float32), metrics

@@ -40,6 +40,7 @@ import numpy as np
 from mathrl_jax.sampling.base import Rollouts
 from mathrl_jax.train.collect import Collected, collect, prm_action_rewards
 from mathrl_jax.train.run import Run
+from mathrl_jax.train.validation import TrainingError
 
 
 class AsyncRollouts:
@@ -106,6 +107,8 @@ class AsyncRollouts:
         """Blocks (holding the condition) until batch `iteration` is made; raises the generator's error."""
         self.condition.wait_for(lambda: iteration in self.ready or self.error is not None)
         if iteration not in self.ready:
+            if isinstance(self.error, TrainingError):  # bad input (a reward function's output): its own message
+                raise self.error
             raise RuntimeError(f"the rollout generator failed before iteration {iteration}") from self.error
 
     def get(self, iteration: int) -> Collected:

@@ -377,15 +377,24 @@ RESUME_MAY_CHANGE = (
     "attention",
     "packing",
     "pack_length",
+    "skip_zero_advantage",
 )
 """Config keys (a trailing "." names a section) a resumed run may change: how long it runs, what it logs and
-evaluates, where and how it computes (mesh, engine, memory settings, remat, packing: the same updates, tested as
-invariances). Every other key changes what is trained and must equal the saved run's, unless
-`resume_allow_changes` names it."""
+evaluates, where and how it computes (mesh, engine, memory settings, remat, packing, skipping rows that train
+nothing: the same updates, tested as invariances). Every other key changes what is trained and must equal the
+saved run's, unless `resume_allow_changes` names it."""
 
 
 def _may_change(key: str, allowed: Tuple[str, ...]) -> bool:
     return any(key == a or (a.endswith(".") and key.startswith(a)) for a in RESUME_MAY_CHANGE + allowed)
+
+
+def _same_setting(saved: Any, value: Any) -> bool:
+    """Equal values, or two spellings of one existing file or directory (relative and absolute paths)."""
+    if saved == value:
+        return True
+    paths = isinstance(saved, str) and isinstance(value, str) and saved and value
+    return bool(paths) and os.path.exists(saved) and os.path.exists(value) and os.path.samefile(saved, value)
 
 
 def allowed_resume_changes(config) -> Tuple[str, ...]:
@@ -415,7 +424,7 @@ def check_resumed_config(config, run_dir: str) -> None:
     changed = [
         f"{key}: {saved[key]!r} -> {value!r}"
         for key, value in current.items()
-        if key in saved and saved[key] != value and not _may_change(key, allowed)
+        if key in saved and not _same_setting(saved[key], value) and not _may_change(key, allowed)
     ]
     if changed:
         fail(

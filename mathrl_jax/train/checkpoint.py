@@ -88,6 +88,11 @@ class CorruptCheckpointError(CheckpointError):
     be read; names the step and the leaves."""
 
 
+class UnreadableCheckpointError(CorruptCheckpointError):
+    """A checkpoint Orbax could not read: a damaged file, or a passing I/O failure. Not restored, but never
+    deleted for it: only a checksum that differs proves the data damaged."""
+
+
 # --------------------------------------------------------------------------------------------
 # Leaves (the tree itself is Orbax's: it saves any pytree and restores into the target's structure)
 # --------------------------------------------------------------------------------------------
@@ -431,7 +436,8 @@ class Checkpointer:
             try:
                 restored = self._restore_verified(target, candidate)
             except CorruptCheckpointError as error:
-                self._corrupt.add(candidate)
+                if not isinstance(error, UnreadableCheckpointError):  # proven damaged: removed at the next save
+                    self._corrupt.add(candidate)
                 refused.append((candidate, error))
                 continue
             if refused:
@@ -472,7 +478,7 @@ class Checkpointer:
         try:
             restored = self._manager.restore(step, args=args)
         except Exception as e:  # re-raised with the directory and step named; a damaged file is one cause
-            raise CorruptCheckpointError(f"cannot restore checkpoint {where}: {e}") from e
+            raise UnreadableCheckpointError(f"cannot restore checkpoint {where}: {e}") from e
         values = _named(restored[STATE_ITEM])
         metadata = dict(restored[METADATA_ITEM] or {})
         if recorded and set(recorded) != set(values):

@@ -35,6 +35,7 @@ from mathrl_jax.train.evaluation import completion_samples
 from mathrl_jax.train.metrics import Progress
 from mathrl_jax.train.multiturn import EnvRollouts
 from mathrl_jax.train.run import RewardFn, Run
+from mathrl_jax.train.run_lock import release_run_dir
 from mathrl_jax.train.validation import TrainingError
 from mathrl_jax.train.warmstart import held_out_accuracy, write_atomically
 
@@ -311,6 +312,7 @@ def train(
         source.close()
         progress.close()
         run.checkpointer.close()
+        release_run_dir(run.run_dir)  # the directory is free for the next run of this process or another
         run.logger.close()
         run.grader.close()
     return summary

@@ -28,26 +28,33 @@ def acquire_run_dir(run_dir: str) -> None:
     if key in _HELD:
         return
     path = os.path.join(run_dir, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            fail(
+                f"run_dir {run_dir!r} is in use by another run (process {holder} holds {path}): wait for it to "
+                "end, or use another --config.run_dir"
+            )
+        try:  # the file locked is still the one at `path` (a releasing run unlinks it): else lock the new one
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise
-        fail(
-            f"run_dir {run_dir!r} is in use by another run (process {holder} holds {path}): wait for it to end, "
-            "or use another --config.run_dir"
-        )
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _HELD[key] = fd
 
 
 def release_run_dir(run_dir: str) -> None:
-    """Gives up this process's lock of `run_dir` and removes the lock file: for a run that stops on bad input
-    before writing anything else, so the directory is left as it was."""
+    """Gives up this process's lock of `run_dir` and removes the lock file: when a run ends (`loop.train`), and
+    for a run that stops on bad input before writing anything else, so the directory is left as it was."""
     fd = _HELD.pop(os.path.realpath(run_dir), None)
     if fd is None:
         return

@@ -69,7 +69,7 @@ RANGES = (
     ("value_clip", 0.0, math.inf, True),
     ("huber_delta", 0.0, math.inf, False),
     ("behaviour_weight_cap", 0.0, math.inf, False),
-    ("top_k", 0, math.inf, True),
+    ("top_k", -1, math.inf, True),  # 0 or -1: off (vLLM and TRL write -1)
     ("warmup_steps", 0, math.inf, True),
     ("max_to_keep", 1, math.inf, True),
     ("num_eval_problems", 0, math.inf, True),

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 import uuid
 
 import pytest
@@ -178,6 +179,10 @@ def test_host_files_are_refused_by_every_spelling(isolation, host_secret):
         f"/proc/{{os.getpid()}}/root{secret_path}",
         f"/proc/self/cwd/../../..{secret_path}",
         f"/proc/self/root/proc/self/root{secret_path}",
+        # An open directory's fd link, then up from where it leads (the working directory is 3 levels deep):
+        # read as text, `..` climbed out of /proc and the path looked like /proc/tmp/... (found in review).
+        f"/proc/self/fd/{{os.open('.', os.O_RDONLY)}}/../../..{secret_path}",
+        f"/dev/fd/{{os.open('.', os.O_RDONLY)}}/../../..{secret_path}",
     ]
     code = "import os\nfor path in [" + ", ".join(f'f"{s}"' for s in spellings) + "]:\n"
     code += "    try:\n        print('READ', open(path).read())\n"
@@ -300,3 +305,19 @@ def test_a_machine_that_cannot_build_the_private_root_runs_without_namespaces(tm
     assert isolation._unshare_works(str(fake))  # namespaces themselves work
     assert not isolation.detect_isolation(unshare=str(fake)).namespaces
     assert isolation.detect_isolation(unshare=real).namespaces
+
+
+def test_on_cgroup_v2_the_memory_limit_shares_the_runs_pids_cgroup(tmp_path):
+    """cgroup v2 has one hierarchy: a process joining a second run cgroup for memory would leave the pids one
+    (found in review). There the limit is written into the pids cgroup, which is not removed twice. A directory
+    with v2's files stands in for the cgroup (this machine's cgroups are v1)."""
+    from mathrl_jax.envs.sandbox import cgroup as cgroups
+
+    run = types.SimpleNamespace(path=str(tmp_path))
+    for name in ("memory.max", "memory.swap.max", "pids.max"):
+        (tmp_path / name).write_text("max")
+    memory = cgroups.MemoryCgroup("/unused-parent", 1 << 28, within=run)
+    assert (tmp_path / "memory.max").read_text() == str(1 << 28) and (tmp_path / "memory.swap.max").read_text() == "0"
+    assert not memory.owned and memory.path == str(tmp_path)
+    memory.kill_all_and_remove()
+    assert tmp_path.is_dir()  # its owner (the pids cgroup) removes it

@@ -462,6 +462,7 @@ def test_a_finished_run_without_its_final_model_exports_it_when_rerun(model_dir,
     export. The re-export is the same model, byte for byte."""
     config = small_config(model_dir, tmp_path / "run", num_iterations=1)
     run_and_record(config)
+    assert not (tmp_path / "run" / ".lock").exists()  # released when the run ended: free for the next one
     weights = tmp_path / "run" / "final_model" / "model.safetensors"
     exported = weights.read_bytes()
     shutil.rmtree(tmp_path / "run" / "final_model")

@@ -228,16 +228,24 @@ def make_audit_hook(
             pending = _list(_reversed(_str.split(path, "/")))
             parts = []
             links = 0
+            magic = False  # the walk has entered one of /proc/<pid>'s magic links (fd/<n>, cwd, root, ...)
             while pending:
                 part = _list.pop(pending)
                 if part == "" or part == ".":
                     continue
                 if part == "..":
+                    if magic:  # the kernel goes up from where the link leads, not from its text: refuse
+                        refuse("filesystem", f"resolving {path} (.. below a /proc magic link)")
                     if parts:
                         _list.pop(parts)
                     continue
                 _list.append(parts, part)
                 if parts[0] == "proc" and _len(parts) > 2:
+                    rest = parts[2:]
+                    if rest[0] == "task" and _len(rest) > 2:
+                        rest = rest[2:]
+                    if rest[0] in _proc_magic:
+                        magic = True
                     continue  # below /proc/<pid>: magic links, never followed
                 current = _str_add("/", _str.join("/", parts))
                 try:

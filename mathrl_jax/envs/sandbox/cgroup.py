@@ -179,19 +179,37 @@ class PidsCgroup(RunCgroup):
 
 
 class MemoryCgroup(RunCgroup):
-    """A per-run memory cgroup: all the run's processes together use at most `max_bytes` (no swap)."""
+    """A per-run memory cgroup: all the run's processes together use at most `max_bytes` (no swap).
 
-    def __init__(self, parent: str, max_bytes: int):
-        super().__init__(parent)
+    `within`: a run cgroup that already exists (cgroup v2's pids cgroup of the run) to put the limit on rather
+    than a cgroup of its own. In v2 a process belongs to one cgroup of the unified hierarchy: joining a second
+    would take it out of the first, and its pids limit with it. That cgroup is then removed by its owner.
+    """
+
+    def __init__(self, parent: str, max_bytes: int, within: RunCgroup | None = None):
+        self.owned = within is None
+        if within is None:
+            super().__init__(parent)
+        else:
+            self.path = within.path
         self.max_bytes = max_bytes
-        if os.path.exists(os.path.join(self.path, "memory.max")):  # v2
-            self._write("memory.max", max_bytes)
-            if os.path.exists(os.path.join(self.path, "memory.swap.max")):
-                self._write("memory.swap.max", 0)
-        else:  # v1; memory+swap may not be below memory, so it is written second
-            self._write("memory.limit_in_bytes", max_bytes)
-            if os.path.exists(os.path.join(self.path, "memory.memsw.limit_in_bytes")):
-                self._write("memory.memsw.limit_in_bytes", max_bytes)
+        try:
+            if os.path.exists(os.path.join(self.path, "memory.max")):  # v2
+                self._write("memory.max", max_bytes)
+                if os.path.exists(os.path.join(self.path, "memory.swap.max")):
+                    self._write("memory.swap.max", 0)
+            else:  # v1; memory+swap may not be below memory, so it is written second
+                self._write("memory.limit_in_bytes", max_bytes)
+                if os.path.exists(os.path.join(self.path, "memory.memsw.limit_in_bytes")):
+                    self._write("memory.memsw.limit_in_bytes", max_bytes)
+        except OSError:
+            if self.owned:  # not left behind
+                os.rmdir(self.path)
+            raise
+
+    def kill_all_and_remove(self, timeout_s: float = 5.0) -> None:
+        if self.owned:
+            super().kill_all_and_remove(timeout_s)
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of the run for passing the limit."""

@@ -94,7 +94,10 @@ def run_python(
                 iso = dataclasses.replace(iso, pids_cgroup=False)
         if iso.memory_cgroup:
             try:
-                memory = MemoryCgroup(memory_cgroup_parent(), limits.memory_bytes)
+                # cgroup v2 (one hierarchy): the limit goes on the run's pids cgroup, which the run is in already.
+                v2 = cgroup is not None and os.path.exists(os.path.join(cgroup.path, "memory.max"))
+                shared = cgroup if v2 else None
+                memory = MemoryCgroup(memory_cgroup_parent(), limits.memory_bytes, within=shared)
             except OSError:  # the cgroup parent went away: RLIMIT_AS (per process) is left
                 iso = dataclasses.replace(iso, memory_cgroup=False)
         workdir = os.path.join(base, "work")
@@ -110,7 +113,7 @@ def run_python(
             config_path,
         ]
         command = [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, "--", *python] if iso.namespaces else python
-        run_cgroups = [c for c in (cgroup, memory) if c is not None]
+        run_cgroups = [c for c in (cgroup, memory) if c is not None and (c is cgroup or c.owned)]
         if run_cgroups:  # the shell joins the run's cgroups, then becomes the sandbox: all its processes are in them
             joins = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(run_cgroups)))
             script = f'{joins} && shift {len(run_cgroups)} && exec "$@"'
