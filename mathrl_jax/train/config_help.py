@@ -79,10 +79,11 @@ def option_meanings(source_path: str = DEFAULT_SOURCE) -> Tuple[Dict[str, str], 
     return meanings, section_of
 
 
-def _flat(tree, prefix: str = ""):
+def flat_items(tree, prefix: str = ""):
+    """(dotted key, value) of every leaf of a config or its dict (`arithmetic.levels`, `lr`, ...)."""
     for key, value in tree.items():
         if hasattr(value, "items"):
-            yield from _flat(value, f"{prefix}{key}.")
+            yield from flat_items(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
 
@@ -102,11 +103,12 @@ def format_help(config, config_path: str) -> str:
         parts = key.split(".")
         return next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in section_of), None)
 
+    options = [(section_of.get(defined(key), unknown), key, value) for key, value in flat_items(config)]
     groups: Dict[str, List[str]] = {}
-    for key, value in sorted(_flat(config), key=lambda item: (section_of.get(defined(item[0]), unknown)[0], item[0])):
+    for (_, section), key, value in sorted(options, key=lambda option: (option[0][0], option[1])):
         meaning = _one_line(meanings.get(defined(key), ""))
         line = f"  --config.{key}={value!r}" + (f"\n      {meaning}" if meaning else "")
-        groups.setdefault(section_of.get(defined(key), unknown)[1], []).append(line)
+        groups.setdefault(section, []).append(line)
     head = (
         "usage: python scripts/train.py [--config=CONFIG_FILE] [--config.KEY=VALUE ...]\n\n"
         "Trains a policy with RL (mathrl_jax). Every option below can be set on the command line; the values shown "

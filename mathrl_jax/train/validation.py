@@ -13,6 +13,7 @@ from mathrl_jax.models import qwen
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.config_help import flat_items
 
 
 class TrainingError(ValueError):
@@ -42,15 +43,6 @@ def normalize_config(config) -> None:
         if isinstance(config[key], str):
             config[key] = config[key].lower()
     config.algorithm_name = ALGORITHM_SPELLINGS.get(config.algorithm_name, config.algorithm_name)
-
-
-def flat_items(tree, prefix: str = ""):
-    """(dotted key, value) of every leaf of a config or its dict (`arithmetic.levels`, `lr`, ...)."""
-    for key, value in tree.items():
-        if hasattr(value, "items"):
-            yield from flat_items(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 # (dotted key, lowest, highest, whether the lowest is allowed): a value outside is refused, naming both.

@@ -40,6 +40,20 @@ def short_model(tmp_path):
     return directory
 
 
+SHORT_RUN = [
+    "--config.warmstart.steps=0",
+    "--config.n_rollout_threads=4",
+    "--config.group_size=2",
+    "--config.num_mini_batch=1",
+    "--config.eval_interval=0",
+    "--config.arithmetic.num_train=16",
+    "--config.arithmetic.num_eval=4",
+    "--config.num_eval_problems=4",
+]
+"""A run that trains in seconds: no warm-start, one small minibatch, no evaluation (with max_new_tokens and
+num_iterations of each test's own)."""
+
+
 def jsonl_with(tmp_path, name, second_line: bytes):
     path = tmp_path / name
     path.write_bytes(json.dumps({"problem": "1+1?", "answer": "2"}).encode() + b"\n" + second_line + b"\n")
@@ -268,20 +282,8 @@ def test_a_run_whose_every_checkpoint_is_damaged_stops_with_a_message(tmp_path):
     from tests.train.test_checkpoint_integrity import flip_a_byte
 
     run_dir = tmp_path / "run"
-    short = [
-        "--config.warmstart.steps=0",
-        "--config.n_rollout_threads=4",
-        "--config.group_size=2",
-        "--config.num_mini_batch=1",
-        "--config.max_new_tokens=4",
-        "--config.eval_interval=0",
-        "--config.save_interval=1",
-        "--config.num_iterations=2",
-        "--config.arithmetic.num_train=16",
-        "--config.arithmetic.num_eval=4",
-        "--config.num_eval_problems=4",
-        "--config.progress=False",
-    ]
+    short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.save_interval=1", "--config.num_iterations=2"]
+    short.append("--config.progress=False")
     done = run_train(run_dir, *short)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = sorted(int(name) for name in os.listdir(run_dir / "checkpoints") if name.isdigit())
@@ -328,18 +330,7 @@ def test_the_readmes_reward_functions_command_trains(tmp_path):
     block = readme[readme.index("python scripts/train.py --config.reward_source=verifier+functions") :]
     flags = [f for f in block[: block.index("```")].replace("\\\n", " ").split()[2:]]
     assert flags[0] == "--config.reward_source=verifier+functions", flags
-    short = [
-        "--config.warmstart.steps=0",
-        "--config.n_rollout_threads=4",
-        "--config.group_size=2",
-        "--config.num_mini_batch=1",
-        "--config.max_new_tokens=8",
-        "--config.eval_interval=0",
-        "--config.num_iterations=2",
-        "--config.arithmetic.num_train=16",
-        "--config.arithmetic.num_eval=4",
-        "--config.num_eval_problems=4",
-    ]
+    short = [*SHORT_RUN, "--config.max_new_tokens=8", "--config.num_iterations=2"]
     done = run_train(tmp_path / "run", *flags, *short)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
@@ -368,18 +359,7 @@ def test_a_model_named_by_hub_id_is_found_in_the_local_cache_offline(tmp_path, m
     snapshot = fill_hub_cache(cache, "tiny-org/tiny-qwen")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    short = [
-        "--config.warmstart.steps=0",
-        "--config.n_rollout_threads=4",
-        "--config.group_size=2",
-        "--config.num_mini_batch=1",
-        "--config.max_new_tokens=4",
-        "--config.eval_interval=0",
-        "--config.num_iterations=1",
-        "--config.arithmetic.num_train=16",
-        "--config.arithmetic.num_eval=4",
-        "--config.num_eval_problems=4",
-    ]
+    short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.num_iterations=1"]
     done = run_train(tmp_path / "run", "--config.model_name_or_path=tiny-org/tiny-qwen", *short)
     assert done.returncode == 0, done.stderr[-3000:]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -40,15 +40,18 @@ ipc, uts and cgroup namespaces; `--kill-child` ends the namespace's processes wh
 def _unshare_works(unshare: str) -> bool:
     """Whether the `unshare` binary can create the sandbox's namespaces here (containers often forbid it)."""
     path = shutil.which(unshare)
-    if path is None:
-        return False
+    return path is not None and _exits_zero([path, *UNSHARE_FLAGS, "--", "/bin/sh", "-c", "exit 0"], timeout_s=10)
+
+
+def _exits_zero(command: list[str], timeout_s: float) -> bool:
+    """Whether a probe `command` (no input or output, a minimal PATH) exits 0 within `timeout_s`."""
     try:
         probe = subprocess.run(
-            [path, *UNSHARE_FLAGS, "--", "/bin/sh", "-c", "exit 0"],
+            command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=10,
+            timeout=timeout_s,
             env={"PATH": "/usr/bin:/bin"},
             check=False,
         )
@@ -68,18 +71,9 @@ def _private_root_works(unshare: str) -> bool:
     try:
         os.mkdir(os.path.join(base, "work"), 0o700)
         roots = [r for r in (sys.prefix, sys.base_prefix, *audit.READ_ROOTS) if os.path.exists(r)]
-        probe = subprocess.run(
-            [shutil.which(unshare), *UNSHARE_FLAGS, "--", sys.executable, "-I", "-B", "-S", child.__file__]
-            + ["--probe-root", base, json.dumps(roots)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=30,
-            env={"PATH": "/usr/bin:/bin"},
-            check=False,
-        )
-        return probe.returncode == 0
-    except (OSError, subprocess.SubprocessError):
+        command = [shutil.which(unshare), *UNSHARE_FLAGS, "--", sys.executable, "-I", "-B", "-S", child.__file__]
+        return _exits_zero(command + ["--probe-root", base, json.dumps(roots)], timeout_s=30)
+    except OSError:  # the probe's directory could not be made
         return False
     finally:
         shutil.rmtree(base, ignore_errors=True)
