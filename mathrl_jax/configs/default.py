@@ -46,6 +46,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.param_dtype = "float32"
     config.dtype = "float32"
     config.remat = False
+    # The training passes run the decoder layers as one lax.scan (XLA compiles one layer, not num_hidden_layers;
+    # at the Qwen2.5-0.5B shape the update compiles in half the time with 36% less temporary memory). False
+    # unrolls them. The sampler's KV-cache passes always unroll.
+    config.scan_layers = True
     # The training passes' attention: "auto" (the blocked einsum on CPU; cuDNN's fused kernel on an NVIDIA GPU of
     # compute capability >= 8.0 in bf16 / fp16, jax.nn.dot_product_attention's XLA form otherwise: see
     # models.qwen.auto_attention), "blocked", "xla", or "cudnn".
@@ -132,6 +136,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.critic_lr = 1e-3
     config.lr_schedule = "constant"  # constant linear cosine
     config.warmup_steps = 10
+    # "adamw", or "adafactor" (a factored second moment and no first: the optimizer state of a 1.5B model falls
+    # from 12 GB to a few MB; TRL's `optim="adafactor"`). The critic uses the same.
+    config.optimizer = "adamw"
     config.weight_decay = 0.0
     config.max_grad_norm = 1.0
     config.adam_eps = 1e-8  # OpenR: 1e-5

@@ -65,6 +65,7 @@ class QwenConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    scan_layers: bool = True  # a cache-less pass compiles one layer and scans it (see `QwenModel._scan_layers`)
     attention: str = "auto"  # the cache-less pass's attention: ATTENTION_IMPLEMENTATIONS
 
     def __post_init__(self):
@@ -417,6 +418,8 @@ class QwenModel(nnx.Module):
         # Remat trades compute for activation memory in a backward pass; a pass with a KV cache (the sampler's
         # prefill and decode) has none, and nnx.remat inside the decode loop would try to update the module
         # from the loop's trace level (flax TraceContextError).
+        if cache is None and c.scan_layers and len(self.layers) > 1:
+            return self.norm(self._scan_layers(x, positions, allowed, rope)), None
         call = nnx.remat(_remat_layer) if c.remat and cache is None else _remat_layer
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
@@ -427,6 +430,35 @@ class QwenModel(nnx.Module):
                 new_values.append(layer_cache[1])
         new_cache = None if cache is None else KVCache(tuple(new_keys), tuple(new_values))
         return self.norm(x), new_cache
+
+    def _scan_layers(self, x, positions, allowed, rope):
+        """The decoder layers as one `lax.scan` over their parameters, stacked here: XLA compiles one layer.
+
+        The parameter tree keeps one entry per layer (Hugging Face names, sharding rules and checkpoints are
+        unchanged); the stack is built in the pass, each Linear weight cast to the compute dtype first (its call
+        casts it anyway), so the stacked copy costs what the casts of an unrolled pass cost. Passes with a KV
+        cache keep the unrolled loop: a scan would copy each layer's cache slice in and out every decode step.
+        """
+        c = self.config
+        graphdef, _ = nnx.split(self.layers[0])
+        compute = c.jnp_dtype
+
+        def leaf(path, value):
+            name = path[-1].key if hasattr(path[-1], "key") else str(path[-1])
+            return value.astype(compute) if name in ("kernel", "bias") else value
+
+        states = [jax.tree.map_with_path(leaf, nnx.to_pure_dict(nnx.state(layer))) for layer in self.layers]
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+        def body(x, layer_params):
+            layer = nnx.merge(graphdef, layer_params)
+            x, _ = layer(x, positions, allowed, None, None, rope)
+            return constrain_batch(x), None
+
+        if c.remat:
+            body = jax.checkpoint(body)
+        x, _ = jax.lax.scan(body, x, stacked)
+        return x
 
 
 def default_positions(attention_mask: chex.Array) -> chex.Array:

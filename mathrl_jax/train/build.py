@@ -149,10 +149,11 @@ def update_config(config) -> update_lib.UpdateConfig:
 
 
 def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The `state.make_optimizer` arguments of the policy and of the critic: AdamW over the params, in their
-    dtype (`param_dtype`, the master precision), with the run's schedule counted in optimizer steps."""
+    """The `state.make_optimizer` arguments of the policy and of the critic: `config.optimizer` over the params, in
+    their dtype (`param_dtype`, the master precision), with the run's schedule counted in optimizer steps."""
     policy = dict(
         learning_rate=config.lr,
+        name=config.optimizer,
         schedule=config.lr_schedule,
         warmup_steps=config.warmup_steps,
         total_steps=max(1, num_iterations(config) * config.ppo_epoch * config.num_mini_batch),
@@ -160,7 +161,9 @@ def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         max_grad_norm=config.max_grad_norm,
         eps=config.adam_eps,
     )
-    critic = dict(learning_rate=config.critic_lr, max_grad_norm=config.max_grad_norm, eps=config.adam_eps)
+    critic = dict(
+        learning_rate=config.critic_lr, name=config.optimizer, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
+    )
     return policy, critic
 
 
@@ -239,7 +242,9 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     )
 
     mesh = sharding.make_mesh(config.mesh.to_dict())
-    numerics = dict(param_dtype=config.param_dtype, dtype=config.dtype, attention=config.attention)
+    numerics = dict(
+        param_dtype=config.param_dtype, dtype=config.dtype, attention=config.attention, scan_layers=config.scan_layers
+    )
     model = hf.load_model(start_dir, remat=config.remat, **numerics)
     rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
     graphdef, params = nnx.split(model)
@@ -374,14 +379,15 @@ RESUME_MAY_CHANGE = (
     "vllm.",
     "micro_batch_size",
     "remat",
+    "scan_layers",
     "attention",
     "packing",
     "pack_length",
     "skip_zero_advantage",
 )
 """Config keys (a trailing "." names a section) a resumed run may change: how long it runs, what it logs and
-evaluates, where and how it computes (mesh, engine, memory settings, remat, packing, skipping rows that train
-nothing: the same updates, tested as invariances). Every other key changes what is trained and must equal the
+evaluates, where and how it computes (mesh, engine, memory settings, remat, layer scan, packing, skipping rows that
+train nothing: the same updates, tested as invariances). Every other key changes what is trained and must equal the
 saved run's, unless `resume_allow_changes` names it."""
 
 

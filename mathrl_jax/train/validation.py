@@ -28,7 +28,7 @@ def fail(message: str):
     raise TrainingError(message)
 
 
-CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind")
+CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind", "optimizer")
 """Names taken in any case (OpenR writes `APPO`): lower-cased before they are checked."""
 
 
@@ -109,6 +109,8 @@ def validate_values(config) -> None:
     unknown = [level for level in levels if isinstance(level, bool) or level not in arithmetic.LEVELS]
     if not levels or unknown:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
+    if c.optimizer not in state_lib.OPTIMIZERS:
+        fail(f"unknown optimizer {c.optimizer!r}; expected one of {', '.join(state_lib.OPTIMIZERS)}")
     if c.kl_kind not in update_lib.losses.KL_KINDS:
         fail(f"unknown kl_kind {c.kl_kind!r}; expected one of {', '.join(update_lib.losses.KL_KINDS)}")
     if c.dataset_path and c.dataset_name == "arithmetic":

@@ -93,6 +93,15 @@ def test_every_recipe_moves_every_parameter_leaf(name):
     assert not still, still  # (bfloat16 master weights: 0% of the norm weights moved, 2% of the kernels)
 
 
+def test_adafactor_moves_every_parameter_leaf_at_the_recipes_settings():
+    """The memory-lean optimizer (what fits a 1.5B update on 24 GB) trains too: lr 1e-6, bf16 compute."""
+    config = recipe("grpo_qwen_math")
+    config.optimizer = "adafactor"
+    before, after = train(config, config.param_dtype, config.dtype)
+    still = {leaf: f for leaf, f in moved_fraction(before, after).items() if f < 0.5}
+    assert not still, still
+
+
 def test_bfloat16_compute_updates_as_float32_compute():
     """The GRPO recipe's update with bfloat16 compute against float32 compute, both on float32 master weights:
     the parameter steps agree in direction and size."""

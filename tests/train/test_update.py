@@ -166,6 +166,59 @@ def test_learning_rate_schedules():
         learning_rate_schedule(1.0, schedule="step")
 
 
+def _adafactor_reference(params, grads_per_step, lr, weight_decay):
+    """Shazeer & Stern (2018), Algorithm 4 with Hugging Face's fine-tuning settings, in numpy: second-moment decay
+    1 - t^-0.8, a factored estimate for matrices with both sides >= 128, updates clipped to RMS 1, then decoupled
+    weight decay and the learning rate."""
+    params = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    moments = {}
+    for t, grads in enumerate(grads_per_step, start=1):
+        decay = 1.0 - t**-0.8
+        for k, g in grads.items():
+            g = np.asarray(g, np.float64)
+            square = g * g + 1e-30
+            if g.ndim == 2 and min(g.shape) >= 128:
+                row, col = moments.get(k, (np.zeros(g.shape[0]), np.zeros(g.shape[1])))
+                row = decay * row + (1 - decay) * square.mean(axis=1)
+                col = decay * col + (1 - decay) * square.mean(axis=0)
+                moments[k] = (row, col)
+                v = np.outer(row, col) / row.mean()
+            else:
+                v = decay * moments.get(k, np.zeros_like(g)) + (1 - decay) * square
+                moments[k] = v
+            u = g / np.sqrt(v)
+            u = u / max(1.0, np.sqrt(np.mean(u * u)))
+            params[k] = params[k] - lr * (u + weight_decay * params[k])
+    return params
+
+
+def test_adafactor_follows_its_formula_and_keeps_a_factored_state():
+    rng = np.random.default_rng(0)
+    params = {"matrix": rng.normal(size=(128, 160)).astype(np.float32), "vector": rng.normal(size=7).astype(np.float32)}
+    grads = [{k: rng.normal(size=v.shape).astype(np.float32) * (1 + i) for k, v in params.items()} for i in range(3)]
+    optimizer = make_optimizer(1e-2, name="adafactor", max_grad_norm=None, weight_decay=0.1)
+    state = optimizer.init(params)
+    current = {k: jnp.asarray(v) for k, v in params.items()}
+    for g in grads:
+        updates, state = optimizer.update(g, state, current)
+        current = optax.apply_updates(current, updates)
+    expected = _adafactor_reference(params, grads, 1e-2, 0.1)
+    for k in params:
+        np.testing.assert_allclose(current[k], expected[k], rtol=1e-5, atol=1e-6)
+
+    # The matrix's second moment is a row and a column vector; AdamW keeps two full copies of the params.
+    def floats(tree):
+        return sum(x.size for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating))
+
+    assert floats(state) < 0.02 * floats(params)
+    assert floats(make_optimizer(1e-2).init(params)) >= 2 * floats(params)
+
+
+def test_an_unknown_optimizer_is_named():
+    with pytest.raises(ValueError, match="optimizer 'sgd'"):
+        make_optimizer(1e-2, name="sgd")
+
+
 # ----------------------------------------------------------------------------- advantages
 
 
