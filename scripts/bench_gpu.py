@@ -232,7 +232,14 @@ def step_update(p, record):
     from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
     name, rows, length = p["update_model"], p["update_rows"], p["update_length"]
-    config = tiny_config(**MODELS[name], param_dtype="float32", dtype="bfloat16", remat=True, attention=p["attention"])
+    config = tiny_config(
+        **MODELS[name],
+        param_dtype="float32",
+        dtype="bfloat16",
+        remat=True,
+        attention=p["attention"],
+        scan_layers=p["scan_layers"],
+    )
     graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     tokens = rows * length
@@ -246,6 +253,7 @@ def step_update(p, record):
         tokens=tokens,
         numerics="float32 params, bfloat16 compute, remat",
         attention=p["attention"],
+        scan_layers=p["scan_layers"],
         flops_per_step=6 * n_params * tokens,
         flops_formula="6 x params x tokens (attention and remat's recomputation not counted)",
         attention_flops_not_counted=attention * tokens,
@@ -436,6 +444,7 @@ def step_grpo(p, record):
         c.model_name_or_path = model_dir
         c.param_dtype, c.dtype, c.remat = "float32", "bfloat16", True
         c.attention = p["attention"]
+        c.scan_layers = p["scan_layers"]
         c.algorithm_name = "grpo"
         c.n_rollout_threads = p["grpo_prompts"]
         c.group_size = p["grpo_samples"]
@@ -455,6 +464,7 @@ def step_grpo(p, record):
             minibatches=c.num_mini_batch,
             numerics="float32 params, bfloat16 compute, remat",
             attention=c.attention,
+            scan_layers=c.scan_layers,
         )
         run = build_run(c)
         source = rollout_source(run)
@@ -539,16 +549,16 @@ STEP_FUNCTIONS = {
 
 
 def write_json(path: str, value) -> None:
-    """Writes `value` as JSON through a temporary file, so a reader never sees half of it."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=2)
-    os.replace(path + ".tmp", path)
+    """Writes `value` as JSON, so a reader never sees half of it (`mathrl_jax.files`)."""
+    from mathrl_jax import files
+
+    files.write_json(path, value, indent=2)
 
 
 def run_child(name: str, args) -> int:
     """The body of `--child NAME`: runs the step, saving its numbers to OUT/current_step.json as it goes; an error
     is saved there too (type, message, traceback) and the exit status is 1."""
-    p = dict(PROFILES[args.profile], attention=args.attention)
+    p = dict(PROFILES[args.profile], attention=args.attention, scan_layers=args.scan_layers)
     path = os.path.join(args.out, STEP_FILE)
     result = {}
 
@@ -615,9 +625,8 @@ def run_step(name: str, budget: float, args, child_flags, on_start) -> dict:
             result = json.load(f)
     except (OSError, ValueError):
         result = {}
-    for path in (step_file, step_file + ".tmp"):  # from here on in the report
-        if os.path.exists(path):
-            os.remove(path)
+    if os.path.exists(step_file):  # from here on in the report
+        os.remove(step_file)
     result.pop("started", None)
     result.pop("traceback", None)  # in the log
     if error is None and code != 0:
@@ -707,6 +716,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS, help="config.attention of update and grpo"
     )
+    parser.add_argument(
+        "--scan-layers", action="store_true", help="config.scan_layers of update and grpo (one layer compiled)"
+    )
     parser.add_argument("--fail-step", default="", choices=("",) + STEPS, help="tests: make this step raise")
     parser.add_argument("--hang-step", default="", choices=("",) + STEPS, help="tests: make this step run over")
     parser.add_argument("--child", default="", choices=("",) + STEPS, help=argparse.SUPPRESS)
@@ -736,7 +748,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "bench_gpu.log"), "w"):
         pass
     total = args.total_budget_s or p["total_budget_s"]
-    child_flags = ["--profile", args.profile, "--attention", args.attention]
+    child_flags = ["--profile", args.profile, "--attention", args.attention] + ["--scan-layers"] * args.scan_layers
     for flag in ("fail_step", "hang_step"):
         if getattr(args, flag):
             child_flags += [f"--{flag.replace('_', '-')}", getattr(args, flag)]

@@ -41,13 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from flax import nnx, serialization
 
+from mathrl_jax import files
 from mathrl_jax.models import hf
 from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
@@ -333,31 +332,13 @@ def check_out(out: str, force: bool, protected: List[str]) -> None:
 
 
 def write_atomically(out: str, write: Callable[[str], None], force: bool) -> None:
-    """`write(tmp)` into a temporary sibling of `out`, then renames it to `out` (replacing it with `force`)."""
-    out = os.path.abspath(out)
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
-    old = None
-    try:
-        write(tmp)
-        if os.path.isdir(out):
-            if os.listdir(out) and not force:  # appeared since check_out
-                raise InputError(f"--out {out!r} exists and is not empty; pass --force to replace it")
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
-            os.replace(out, os.path.join(old, "out"))
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not os.path.exists(out) and os.path.isdir(os.path.join(old, "out")):
-            os.replace(os.path.join(old, "out"), out)  # put the previous export back
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    """`write(tmp)` into a temporary sibling of `out`, then renamed to `out` (replacing it with `force`)."""
+
+    def may_replace(existing: str) -> None:
+        if os.listdir(existing) and not force:  # appeared since check_out
+            raise InputError(f"--out {out!r} exists and is not empty; pass --force to replace it")
+
+    files.write_directory(out, write, check_existing=may_replace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,14 +369,14 @@ def main(argv=None) -> int:
             parser.error("--step applies to a run dir, not to --params")
         try:
             export(args.params, args.like, args.out, args.dtype, args.force)
-        except (InputError, ConfigError, hf.CheckpointError, FileNotFoundError, ValueError) as e:
+        except (InputError, ConfigError, hf.ModelCheckpointError, FileNotFoundError, ValueError) as e:
             print(f"export_hf: error: {e}", file=sys.stderr)
             return 2  # bad input, as in run mode
         print(f"wrote {args.out}")
         return 0
     try:
         step_dir, _ = export_run(args.run, args.out, step=args.step, like=args.like, dtype=args.dtype, force=args.force)
-    except (InputError, ConfigError, hf.CheckpointError) as e:
+    except (InputError, ConfigError, hf.ModelCheckpointError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out} from {step_dir}")

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mathrl_jax import files
 from mathrl_jax.train.metrics import read_jsonl_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,9 +270,7 @@ def load_ledger(path: str) -> dict[str, Any]:
 
 
 def save_ledger(path: str, ledger: dict[str, Any]) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(ledger, f, indent=2)
-    os.replace(path + ".tmp", path)
+    files.write_json(path, ledger, indent=2)
 
 
 def report_progress(name: str, process: subprocess.Popen, run_dir: str, start: float, every_s: float) -> int:

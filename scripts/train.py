@@ -137,15 +137,12 @@ def main(argv=None) -> int:
         compile_cache.enable(config.compilation_cache_dir)
     except ValueError as error:
         fail(str(error))
-    from mathrl_jax.data.sources import DataError
-    from mathrl_jax.models.hf import CheckpointError
-    from mathrl_jax.models.qwen import ConfigError
-    from mathrl_jax.train.checkpoint import CheckpointError as RunCheckpointError
+    from mathrl_jax.errors import MathRLError
     from mathrl_jax.train.loop import train
 
     try:
         summary = train(config)
-    except (TrainingError, DataError, ConfigError, CheckpointError, RunCheckpointError) as error:
+    except MathRLError as error:  # bad input, named in the message: exit 2 (a bug keeps its traceback)
         if several:
             leave(2, str(error), leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2))
         fail(str(error))

@@ -13,8 +13,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from mathrl_jax.errors import MathRLError
 
-class DataError(ValueError):
+
+class DataError(MathRLError, ValueError):
     """A data file that cannot be read as problems: names the file, the line (or row) and the field."""
 
     def __init__(

@@ -5,7 +5,7 @@ model = load_model("/path/to/Qwen2.5-1.5B-Instruct", param_dtype="bfloat16", dty
 logits, _ = model(input_ids, attention_mask=mask)
 """
 
-from mathrl_jax.models.hf import CheckpointError, export_checkpoint, load_model, load_state, parameter_table
+from mathrl_jax.models.hf import ModelCheckpointError, export_checkpoint, load_model, load_state, parameter_table
 from mathrl_jax.models.hf_config import config_from_dict, config_to_dict, load_config
 from mathrl_jax.models.qwen import (
     ConfigError,

@@ -24,6 +24,8 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from mathrl_jax import files
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
 
@@ -58,7 +60,7 @@ TOKENIZER_FILES = (
 )
 
 
-class CheckpointError(ValueError):
+class ModelCheckpointError(MathRLError, ValueError):
     """A checkpoint directory that does not match the model; names the tensor or file."""
 
 
@@ -114,7 +116,14 @@ def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
 
 
 class SafetensorsFile:
-    """Lazy reader of one `.safetensors` file: tensors are read-only views of a memory map."""
+    """Lazy reader of one `.safetensors` file: tensors are read-only views of a memory map.
+
+    Written here rather than taken from `safetensors.safe_open` because its numpy framework cannot return
+    bfloat16, the dtype of Qwen's checkpoints (numpy has no such dtype: "data type 'bfloat16' not understood",
+    safetensors 0.8), and its flax framework copies each whole tensor onto the default device, where a sharded
+    load (`jax.make_array_from_callback` in `read_tensors`) wants only each device's slice of a memory-mapped
+    view. The format is a little-endian header length, a JSON header and the raw data.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -123,7 +132,7 @@ class SafetensorsFile:
                 (header_size,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(header_size))
         except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from None
+            raise ModelCheckpointError(f"{path} is not a readable safetensors file: {e}") from None
         self.metadata = header.pop("__metadata__", {})
         self.entries = header
         self._data_start = 8 + header_size
@@ -136,14 +145,14 @@ class SafetensorsFile:
         entry = self.entries[name]
         dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
-            raise CheckpointError(f"tensor {name!r} in {self.path} has unsupported dtype {entry['dtype']!r}")
+            raise ModelCheckpointError(f"tensor {name!r} in {self.path} has unsupported dtype {entry['dtype']!r}")
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or self._map is None:
-            raise CheckpointError(f"tensor {name!r} in {self.path} is truncated or its offsets are wrong")
+            raise ModelCheckpointError(f"tensor {name!r} in {self.path} is truncated or its offsets are wrong")
         start = self._data_start + begin
         if start + (end - begin) > self._map.size:
-            raise CheckpointError(f"tensor {name!r} in {self.path} is truncated (file ends early)")
+            raise ModelCheckpointError(f"tensor {name!r} in {self.path} is truncated (file ends early)")
         return self._map[start : start + (end - begin)].view(dtype).reshape(shape)
 
 
@@ -154,22 +163,24 @@ def checkpoint_tensors(directory: str) -> Dict[str, SafetensorsFile]:
         with open(index_path) as f:
             weight_map = json.load(f).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index_path} has no 'weight_map'")
+            raise ModelCheckpointError(f"{index_path} has no 'weight_map'")
         files = {}
         located = {}
         for name, filename in weight_map.items():
             path = os.path.join(directory, filename)
             if filename not in files:
                 if not os.path.isfile(path):
-                    raise CheckpointError(f"{index_path} names {filename!r} (for tensor {name!r}), which is missing")
+                    raise ModelCheckpointError(
+                        f"{index_path} names {filename!r} (for tensor {name!r}), which is missing"
+                    )
                 files[filename] = SafetensorsFile(path)
             if name not in files[filename].entries:
-                raise CheckpointError(f"tensor {name!r} is not in {path}, although the index says it is")
+                raise ModelCheckpointError(f"tensor {name!r} is not in {path}, although the index says it is")
             located[name] = files[filename]
         return located
     single = os.path.join(directory, "model.safetensors")
     if not os.path.isfile(single):
-        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!r}")
+        raise ModelCheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!r}")
     file = SafetensorsFile(single)
     return {name: file for name in file.keys()}
 
@@ -192,19 +203,19 @@ def read_tensors(
 ) -> dict:
     """Reads every tensor of `table` from a HF checkpoint into a nested pure dict of arrays.
 
-    Raises CheckpointError naming any tensor that is missing, mis-shaped, or in
+    Raises ModelCheckpointError naming any tensor that is missing, mis-shaped, or in
     the files but neither in `table` nor ignored.
     """
     located = checkpoint_tensors(directory)
     unexpected = sorted(n for n in located if n not in table and not n.endswith(_IGNORED_SUFFIXES) and not ignore(n))
     if unexpected:
-        raise CheckpointError(
+        raise ModelCheckpointError(
             f"{directory}: unexpected tensors (not in this architecture's table): {', '.join(unexpected[:10])}"
             + (f" (and {len(unexpected) - 10} more)" if len(unexpected) > 10 else "")
         )
     missing = sorted(n for n in table if n not in located)
     if missing:
-        raise CheckpointError(
+        raise ModelCheckpointError(
             f"{directory}: missing tensors {', '.join(missing[:10])}"
             + (f" (and {len(missing) - 10} more)" if len(missing) > 10 else "")
         )
@@ -213,7 +224,9 @@ def read_tensors(
     for name, spec in table.items():
         array = located[name].get(name)
         if tuple(array.shape) != spec.shape:
-            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(array.shape)}, expected {spec.shape}")
+            raise ModelCheckpointError(
+                f"{directory}: tensor {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
+            )
         if spec.transpose:
             array = array.T
         sharding = None if sharding_fn is None else sharding_fn(spec.path, array.shape)
@@ -236,7 +249,7 @@ def load_state(
         reads only its own slice of each tensor from the memory map.
 
     Raises:
-      CheckpointError naming the missing, unexpected or mis-shaped tensor.
+      ModelCheckpointError naming the missing, unexpected or mis-shaped tensor.
     """
     return _load_split(directory, config, sharding_fn)[1]
 
@@ -295,6 +308,12 @@ def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple
 
 
 def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+    """One `.safetensors` file, written whole (`files.atomic_write`), one tensor's bytes at a time.
+
+    `safetensors.numpy.save_file` would turn every tensor of the shard into a bytes object before writing (its
+    `_flatten`), holding a 4 GiB shard twice; this writes the same format streaming (transformers loads it, in
+    float32 and bfloat16, in `tests/models/test_hf.py`).
+    """
     header, offset = {}, 0
     for name, array in tensors.items():
         nbytes = array.nbytes
@@ -307,13 +326,11 @@ def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     header["__metadata__"] = {"format": "pt"}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with files.atomic_write(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
         for array in tensors.values():
             f.write(np.ascontiguousarray(array).tobytes())
-    os.replace(tmp, path)
 
 
 def write_checkpoint(

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 
+from mathrl_jax.errors import MathRLError
+
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class HubModelError(ValueError):
+class HubModelError(MathRLError, ValueError):
     """A name that is neither a local directory nor a model in the local Hub cache; says how to get it."""
 
 

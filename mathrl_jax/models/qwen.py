@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -36,7 +37,7 @@ ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-class ConfigError(ValueError):
+class ConfigError(MathRLError, ValueError):
     """A checkpoint config this implementation cannot represent; names the field."""
 
 
@@ -65,7 +66,7 @@ class QwenConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
-    scan_layers: bool = True  # a cache-less pass compiles one layer and scans it (see `QwenModel._scan_layers`)
+    scan_layers: bool = False  # a cache-less pass compiles one layer and scans it (see `QwenModel._scan_layers`)
     attention: str = "auto"  # the cache-less pass's attention: ATTENTION_IMPLEMENTATIONS
 
     def __post_init__(self):
@@ -436,8 +437,9 @@ class QwenModel(nnx.Module):
 
         The parameter tree keeps one entry per layer (Hugging Face names, sharding rules and checkpoints are
         unchanged); the stack is built in the pass, each Linear weight cast to the compute dtype first (its call
-        casts it anyway), so the stacked copy costs what the casts of an unrolled pass cost. Passes with a KV
-        cache keep the unrolled loop: a scan would copy each layer's cache slice in and out every decode step.
+        casts it anyway). The stack and its gradient cost about twice the layers' weights in the compute dtype;
+        layers stored stacked (MaxText's `scan_layers`) would not, at the price of another parameter tree. Passes
+        with a KV cache keep the unrolled loop: a scan would copy each layer's cache in and out at every token.
         """
         c = self.config
         graphdef, _ = nnx.split(self.layers[0])

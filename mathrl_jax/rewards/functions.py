@@ -24,11 +24,13 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from mathrl_jax.errors import MathRLError
+
 PROBLEM_COLUMNS = ("question", "answer", "solution", "level", "subject", "uid")
 """The fields of `data.layouts.Problem` each function receives, as lists aligned with the completions."""
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(MathRLError, ValueError):
     """A reward function that cannot be loaded, or that returned something other than one finite number per
     completion; names the function."""
 

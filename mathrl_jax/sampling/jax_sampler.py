@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax import executable_cache
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
 from mathrl_jax.sharding.distributed import fetch
@@ -45,7 +46,7 @@ RUNNING, STOPPED, LENGTH = 0, 1, 2
 ROW_OUTPUTS = ("tokens", "logprobs", "policy_logprobs", "lengths", "finish", "stop_token")
 
 
-class SamplerMemoryError(MemoryError):
+class SamplerMemoryError(MathRLError, MemoryError):
     """The device ran out of memory generating; the message names the option that bounds it."""
 
 

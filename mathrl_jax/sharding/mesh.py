@@ -16,11 +16,13 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import jax
 import numpy as np
 
+from mathrl_jax.errors import MathRLError
+
 AXES = ("dp", "fsdp", "tp")
 BATCH_AXES = ("dp", "fsdp")  # the axes a batch is split over
 
 
-class MeshError(ValueError):
+class MeshError(MathRLError, ValueError):
     """A mesh shape that cannot be built; says what was asked, what exists, and what would work."""
 
 

@@ -36,12 +36,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.sharding import distributed
 
 Rules = Tuple[Tuple[str, P], ...]
 
 
-class ShardingRuleError(ValueError):
+class ShardingRuleError(MathRLError, ValueError):
     """A leaf no rule covers, or a rule that does not fit a leaf's shape."""
 
 

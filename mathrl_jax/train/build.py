@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mathrl_jax import executable_cache, losses, sharding
+from mathrl_jax import executable_cache, files, losses, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.models.hub import HubModelError, resolve_model_dir
@@ -33,7 +33,7 @@ from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encod
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
 from mathrl_jax.train.validation import TrainingError, fail, flat_items, num_iterations, validate_config
-from mathrl_jax.train.warmstart import warm_start, write_atomically
+from mathrl_jax.train.warmstart import warm_start
 
 
 def _model_dir(config, run_dir: str) -> str:
@@ -43,7 +43,7 @@ def _model_dir(config, run_dir: str) -> str:
 
     def write():
         if not os.path.isdir(directory):
-            write_atomically(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
+            files.write_directory(directory, lambda d: tiny.write_tiny_checkpoint(d, seed=config.seed))
 
     distributed.on_main_process("initial_model", write)
     return directory
@@ -97,7 +97,7 @@ def load_prm(config):
     )
     try:
         return ProcessRewardModel.from_pretrained(path, prm_config)
-    except (qwen.ConfigError, hf.CheckpointError) as error:
+    except (qwen.ConfigError, hf.ModelCheckpointError) as error:
         fail(
             f"--config.prm_model_name_or_path={path!r} cannot be loaded as a PRM: {error} (the PRM must be a "
             "Qwen2 / Qwen2.5 / Qwen3-architecture checkpoint)"
@@ -343,8 +343,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
 
 
 def _write_config(config, run_dir: str) -> None:
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2, default=str)
+    files.write_json(os.path.join(run_dir, "config.json"), config.to_dict(), indent=2, default=str)
 
 
 PENDING_KEY = "pending_rollouts"

@@ -66,6 +66,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.sharding.rules import path_string
 from mathrl_jax.train.checksums import leaf_checksums, saved_dtype
 
@@ -79,7 +80,7 @@ CHECKSUMS_ITEM = "checksums"
 _log = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(MathRLError, RuntimeError):
     """A checkpoint that cannot be saved or restored; names the directory, the step and the bad key."""
 
 

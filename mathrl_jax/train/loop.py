@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from mathrl_jax import files
 from mathrl_jax.models import hf
 from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.sharding import distributed
@@ -37,7 +38,7 @@ from mathrl_jax.train.multiturn import EnvRollouts
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import release_run_dir
 from mathrl_jax.train.validation import TrainingError
-from mathrl_jax.train.warmstart import held_out_accuracy, write_atomically
+from mathrl_jax.train.warmstart import held_out_accuracy
 
 RENAMES = {
     "policy_loss": "train/policy_loss",
@@ -221,10 +222,9 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     directory = os.path.join(run.run_dir, "samples")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"iteration_{iteration:06d}.jsonl")
-    with open(path + ".tmp", "w") as f:
+    with files.atomic_write(path) as f:
         for record in records:
             f.write(json.dumps(dict(record, iteration=iteration)) + "\n")
-    os.replace(path + ".tmp", path)
     return path
 
 
@@ -304,7 +304,7 @@ def train(
             params = distributed.fetch(run.state.params)  # every process takes part in gathering the shards
             distributed.on_main_process(
                 "final_model",
-                lambda: write_atomically(
+                lambda: files.write_directory(
                     final, lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir)
                 ),
             )

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from mathrl_jax import files
 from mathrl_jax.sharding.distributed import is_main_process
 
 if TYPE_CHECKING:
@@ -222,13 +223,13 @@ class MetricsLogger:
       resumed_from: the step the run resumes from (the iteration of the restored
         checkpoint; 0 for a run that starts over). The records of later steps already
         in `metrics.jsonl` (logged by the interrupted run, and logged again by this one)
-        are dropped before anything is written: the file is rewritten to a temporary
-        file and renamed over the old one (`os.replace`), so a crash leaves either the
-        old file or the new one. A last line cut short by a crash is dropped too. The
-        tensorboard event files are not rewritten: the new event file starts with a
-        purge marker at step `resumed_from + 1` (tensorboardX `purge_step`), which
-        makes TensorBoard hide the old files' scalars of those steps; a reader of the
-        raw event files still sees them. None (the default): append, dropping nothing.
+        are dropped before anything is written: the file is rewritten whole
+        (`files.atomic_write`), so a crash leaves either the old file or the new one.
+        A last line cut short by a crash is dropped too. The tensorboard event files
+        are not rewritten: the new event file starts with a purge marker at step
+        `resumed_from + 1` (tensorboardX `purge_step`), which makes TensorBoard hide
+        the old files' scalars of those steps; a reader of the raw event files still
+        sees them. None (the default): append, dropping nothing.
 
     Each `log` call is flushed to disk, so a crash loses no logged step.
     """
@@ -306,8 +307,8 @@ def drop_records_after(path: str, step: int) -> int:
     The records of steps <= `step` keep their lines and their order. A last line cut
     short by a crash (no newline after it) goes too; any other line that is not a
     record is kept as it is (`read_jsonl_metrics` names it). The file is rewritten
-    only if something changes, through `<path>.tmp` and `os.replace`, so it is never
-    half written. A missing file is left missing.
+    only if something changes, through `files.atomic_write`, so it is never half
+    written. A missing file is left missing.
     """
     step = _check_step(step)
     if not os.path.isfile(path):
@@ -332,12 +333,8 @@ def drop_records_after(path: str, step: int) -> int:
         kept.append(line + "\n")
     if not dropped and "".join(kept) == text:
         return 0
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with files.atomic_write(path) as f:
         f.write("".join(kept))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return dropped
 
 

@@ -9,6 +9,7 @@ import jax
 
 from mathrl_jax import sharding
 from mathrl_jax.data import prompts, sources
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import qwen
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
@@ -16,7 +17,7 @@ from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.config_help import flat_items
 
 
-class TrainingError(ValueError):
+class TrainingError(MathRLError, ValueError):
     """Bad input to a training run (config, data, model path, mesh); the message names it."""
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 from flax import nnx
 
+from mathrl_jax import files
 from mathrl_jax.data import teacher
 from mathrl_jax.models import hf
 from mathrl_jax.sampling import JaxSampler
@@ -20,22 +20,6 @@ from mathrl_jax.train.evaluation import evaluate
 from mathrl_jax.train.metrics import Progress
 from mathrl_jax.train.problems import encode_prompts
 from mathrl_jax.train.validation import fail
-
-
-def write_atomically(directory: str, write: Callable[[str], None]) -> None:
-    """Writes a directory through a temporary sibling and renames, so a crash never leaves half of it.
-
-    An existing directory (a resumed run's earlier export) is moved aside first and removed only after
-    the new one is in place.
-    """
-    tmp, old = directory + ".tmp", directory + ".old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    if os.path.isdir(directory):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def held_out_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n_samples=0) -> Dict[str, float]:
@@ -139,7 +123,7 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
             json.dump({"run_dir": os.path.realpath(run_dir), "metrics": metrics}, f, indent=2)
 
     # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
-    distributed.on_main_process("warmstart_model", lambda: write_atomically(directory, write))
+    distributed.on_main_process("warmstart_model", lambda: files.write_directory(directory, write))
     return directory, metrics
 
 

@@ -129,7 +129,7 @@ def _rewrite_tensors(directory, edit):
 
 def test_missing_tensor_is_named(checkpoint_copy):
     _rewrite_tensors(checkpoint_copy, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(hf.CheckpointError, match=r"missing tensors model\.layers\.1\.mlp\.up_proj\.weight"):
+    with pytest.raises(hf.ModelCheckpointError, match=r"missing tensors model\.layers\.1\.mlp\.up_proj\.weight"):
         hf.load_model(checkpoint_copy)
 
 
@@ -138,13 +138,14 @@ def test_wrong_shape_is_named(checkpoint_copy):
         tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 64), np.float32)
 
     _rewrite_tensors(checkpoint_copy, edit)
-    with pytest.raises(hf.CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(8, 64\).*\(32, 64\)"):
+    mismatch = r"model\.layers\.0\.self_attn\.k_proj\.weight.*\(8, 64\).*\(32, 64\)"
+    with pytest.raises(hf.ModelCheckpointError, match=mismatch):
         hf.load_model(checkpoint_copy)
 
 
 def test_unexpected_tensor_is_named(checkpoint_copy):
     _rewrite_tensors(checkpoint_copy, lambda t: t.update({"model.layers.9.extra.weight": np.zeros(3, np.float32)}))
-    with pytest.raises(hf.CheckpointError, match=r"model\.layers\.9\.extra\.weight"):
+    with pytest.raises(hf.ModelCheckpointError, match=r"model\.layers\.9\.extra\.weight"):
         hf.load_model(checkpoint_copy)
 
 
@@ -153,7 +154,7 @@ def test_truncated_file_is_reported(checkpoint_copy):
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 1000)
-    with pytest.raises(hf.CheckpointError, match="truncated"):
+    with pytest.raises(hf.ModelCheckpointError, match="truncated"):
         hf.load_model(checkpoint_copy)
 
 
@@ -170,7 +171,7 @@ def test_missing_files_are_named(tmp_path, checkpoint_copy):
     with pytest.raises(ValueError, match="no config.json"):
         hf.load_model(str(tmp_path))
     os.remove(os.path.join(checkpoint_copy, "model.safetensors"))
-    with pytest.raises(hf.CheckpointError, match="no model.safetensors"):
+    with pytest.raises(hf.ModelCheckpointError, match="no model.safetensors"):
         hf.load_model(checkpoint_copy)
 
 
@@ -180,7 +181,7 @@ def test_index_naming_a_missing_shard_is_reported(hf_checkpoints, tmp_path):
     hf.export_checkpoint(nnx.state(model), model.config, out, max_shard_bytes=30_000)
     victim = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))[1]
     os.remove(os.path.join(out, victim))
-    with pytest.raises(hf.CheckpointError, match=victim):
+    with pytest.raises(hf.ModelCheckpointError, match=victim):
         hf.load_model(out)
 
 

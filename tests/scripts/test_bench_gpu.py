@@ -38,7 +38,7 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
     report_path = out / "bench_gpu.json"
     with open(log, "w") as stdout:
         process = subprocess.Popen(
-            [sys.executable, SCRIPT, "--smoke", "--attention", "xla", "--out", str(out)],
+            [sys.executable, SCRIPT, "--smoke", "--attention", "xla", "--scan-layers", "--out", str(out)],
             cwd=ROOT,
             env=ENV,
             stdout=stdout,
@@ -82,6 +82,7 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
 
     update, matmul = steps["update"], steps["matmul"]
     assert update["attention"] == steps["grpo"]["attention"] == "xla"  # --attention reached both steps
+    assert update["scan_layers"] is True and steps["grpo"]["scan_layers"] is True
     assert update["tokens"] == update["rows"] * update["length"]
     assert update["flops_per_step"] == 6 * update["params"] * update["tokens"]
     assert math.isclose(update["tflops"], update["flops_per_step"] / update["median_seconds"] / 1e12)
