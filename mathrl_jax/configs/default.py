@@ -46,10 +46,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.param_dtype = "float32"
     config.dtype = "float32"
     config.remat = False
-    # The training passes run the decoder layers as one lax.scan (XLA compiles one layer, not num_hidden_layers;
-    # at the Qwen2.5-0.5B shape the update compiles in half the time with 36% less temporary memory). False
-    # unrolls them. The sampler's KV-cache passes always unroll.
-    config.scan_layers = True
+    # True: the training passes run the decoder layers as one lax.scan, so XLA compiles one layer (the 1.5B update
+    # compiles 2.4x faster on CPU). It stacks the layers' weights in the pass, which costs about twice their size
+    # in the compute dtype; with few tokens per micro-batch that outweighs what it saves. On XLA:CPU remat saves
+    # memory only with the layers scanned (docs/real_shapes.md#few-compiles).
+    config.scan_layers = False
     # The training passes' attention: "auto" (the blocked einsum on CPU; cuDNN's fused kernel on an NVIDIA GPU of
     # compute capability >= 8.0 in bf16 / fp16, jax.nn.dot_product_attention's XLA form otherwise: see
     # models.qwen.auto_attention), "blocked", "xla", or "cudnn".

@@ -19,11 +19,15 @@ def test_bench_memory_compares_the_variants_and_runs_the_leanest_step():
     row = r"^\| (\w+) \| (scanned|unrolled) \| [\d.]+ \| [\d.]+x \| [\d.]+ \| ([\d.]+)x \|"
     rows = re.findall(row, result.stdout, re.M)
     needs = {(name, layers): float(ratio) for name, layers, ratio in rows}
-    assert set(needs) == {("adamw", "scanned"), ("adamw", "unrolled"), ("adafactor", "scanned")}
-    assert needs["adamw", "scanned"] == 1.0
-    assert needs["adamw", "unrolled"] > 1.0 and needs["adafactor", "scanned"] < 1.0
-    step = re.search(r"one real step, (\w+), .*skipped (\d+), parameter leaves moved (\d+)%", result.stdout)
-    assert step and step.groups() == ("adafactor", "0", "100")
+    assert set(needs) == {(o, layers) for o in ("adamw", "adafactor") for layers in ("scanned", "unrolled")}
+    assert needs["adamw", "unrolled"] == 1.0
+    # The factored state is smaller whatever the layers; so, at this shape, is the scan (its stacked weights are
+    # small beside the activations it saves).
+    assert needs["adafactor", "unrolled"] < 1.0 and needs["adafactor", "scanned"] < needs["adamw", "scanned"] < 1.0
+    step = re.search(
+        r"one real step, (\w+), layers (\w+), .*skipped (\d+), parameter leaves moved (\d+)%", result.stdout
+    )
+    assert step and step.groups() == ("adafactor", "scanned", "0", "100")
 
 
 def test_bench_memory_refuses_an_unknown_shape():

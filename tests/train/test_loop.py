@@ -343,6 +343,23 @@ def test_remat_trains_as_without_it(micro_batch_size, model_dir, tmp_path):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_scanned_layers_train_as_unrolled_ones(algorithm, model_dir, tmp_path):
+    """`scan_layers` through the trainer's passes (packed micro-batches, remat, the reference KL; the critic's trunk
+    for PPO): the same run, to float rounding."""
+    settings = dict(num_iterations=2, micro_batch_size=2, remat=True, kl_coef=0.01, algorithm_name=algorithm)
+    settings.update(ALGORITHM_SETTINGS.get(algorithm, {}))
+    _, unrolled = run_and_record(small_config(model_dir, tmp_path / "unrolled", **settings))
+    _, scanned = run_and_record(small_config(model_dir, tmp_path / "scanned", scan_layers=True, **settings))
+    keys = ["rollout/rewards", "train/policy_loss", "train/grad_norm"] + (
+        ["train/value_loss"] if algorithm == "ppo" else []
+    )
+    for (i, a), (j, b) in zip(unrolled, scanned):
+        assert i == j
+        for key in keys:
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
+
+
 @pytest.mark.parametrize("case", ["step tag of two tokens", "mistral prm"])
 def test_a_prm_that_cannot_serve_stops_the_run_before_anything_is_written(case, model_dir, tmp_path):
     import json
