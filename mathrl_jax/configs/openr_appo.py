@@ -16,7 +16,7 @@ minibatch's actions; a minibatch whose approx-KL exceeds 0.02 skips its policy s
 (the critic steps regardless); OpenR's one-sided Huber value loss (delta 10).
 Every setting is OpenR's effective one (`train_math.py` overrides `config.py`'s
 defaults: lr 1e-6, critic lr 5e-5, 4 threads x 8 steps, 50000 env steps); where
-the project differs, the README's OpenR section says so.
+the project differs, docs/training.md's OpenR section says so.
 """
 
 from mathrl_jax.configs import default

@@ -217,7 +217,7 @@ def test_pass_at_k_is_put_back_in_problem_order():
 
 
 def test_the_readme_command_reports_greedy_accuracy_and_pass_at_k(tiny_dir):
-    # README: python scripts/evaluate.py --model runs/default/final_model --n-samples 8 (shortened here).
+    # docs/training.md: python scripts/evaluate.py --model runs/default/final_model --n-samples 8 (shortened here).
     done = run_evaluate("--model", tiny_dir, "--num-problems", "8", "--max-new-tokens", "8", "--n-samples", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads(done.stdout)

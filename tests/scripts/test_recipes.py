@@ -1,5 +1,5 @@
 """Every recipe file in mathrl_jax/configs runs through scripts/train.py by the command that
-`scripts/make_standins.py DIR` prints for it (the README's laptop path), on the tiny local stand-ins that script
+`scripts/make_standins.py DIR` prints for it (docs/training.md's laptop path), on the tiny local stand-ins that script
 writes: a Qwen2 policy (and a Qwen3 one for the game), a PRM, and data in each recipe's layout.
 
 The printed commands add only the overrides that make a run short (iterations, batch and generation sizes) and
@@ -79,7 +79,7 @@ def test_every_recipe_file_is_covered():
     "name", [r if r == "grpo_qwen_math" else pytest.param(r, marks=pytest.mark.slow) for r in RECIPES]
 )
 def test_recipe_runs_to_the_end(name, recipe_commands, tmp_path):
-    """The command `scripts/make_standins.py` prints for the recipe (the README's laptop path), as printed."""
+    """The command `scripts/make_standins.py` prints for the recipe (docs/training.md's laptop path), as printed."""
     run_dir = tmp_path / name
     command = command_of(recipe_commands, name, run_dir)
     done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
