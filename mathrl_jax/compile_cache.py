@@ -6,8 +6,8 @@ written to a directory and a later run with the same programs loads them instead
 entry on the program, the backend, the device kind and the compile options, so a changed program (other
 shapes, another model, other flags) simply compiles anew: the cache is never wrong, only cold.
 
-JAX's cache still traces and lowers each program before looking it up; `executable_cache` keeps the largest
-programs (the update, the sampler's prefill and decode) in a subdirectory of this one, keyed without tracing.
+JAX's cache still traces and lowers each program before looking it up (for the tiny model's update about 1.6 s
+on a 2-core CPU); what it saves is XLA's compile.
 
 `scripts/train.py` turns it on from `config.compilation_cache_dir` ("auto" by default) and
 `scripts/evaluate.py` from `--compilation-cache-dir`; a library user calls `enable` themselves, or not.

@@ -111,8 +111,11 @@ def warm_started_model(directory: str, args) -> str:
 def bench_mathrl(model_dir: str, directory: str, args, settings=()):
     """Per-iteration metrics of `iterations + warmup` GRPO iterations of the training loop, with the config
     `settings` (KEY=VALUE) after `--set`'s."""
+    from mathrl_jax import compile_cache
     from mathrl_jax.train.loop import train
 
+    # In this process too (a spawned one): without it, a second run's first iteration recompiled everything.
+    compile_cache.enable(os.environ.get("MATHRL_BENCH_CACHE", ""))
     c = base_config(os.path.join(directory, "mathrl_" + "_".join(settings)), args)
     c.model_name_or_path = model_dir
     c.warmstart.steps = 0

@@ -66,13 +66,12 @@ echo "== installed"
     grep -iE "^(jax|jaxlib|flax|optax|orbax-checkpoint|chex|ml.collections|numpy|ml.dtypes|transformers|tensorboardX|datasets|math-verify|tqdm) "
 
 # The subset: the model (against transformers/torch), losses, the update step (optax), checkpoints (orbax,
-# with export_hf's partial restore), sharding (jax.set_mesh, AxisType), the executable cache
-# (jax.sharding.get_mesh), data sources (datasets), metrics (tensorboardX, tqdm) and the grader (math-verify).
+# with export_hf's partial restore), sharding (jax.set_mesh, AxisType), JAX's compilation cache, data sources (datasets), metrics (tensorboardX, tqdm) and the grader (math-verify).
 cd "$ROOT"
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     tests/models tests/losses tests/sharding \
     tests/train/test_update.py tests/train/test_checkpoint.py tests/train/test_metrics.py \
-    tests/scripts/test_export_hf.py tests/test_executable_cache.py \
+    tests/scripts/test_export_hf.py tests/test_compile_cache.py \
     tests/data/test_sources.py tests/rewards/test_math_grader.py \
     ${PYTEST_ARGS:-}

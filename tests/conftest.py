@@ -16,8 +16,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # test session (inherited by every subprocess), never the user's ~/.cache.
 _CACHE_HOME = tempfile.mkdtemp(prefix="mathrl_jax_tests_cache_")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
-# ... and the executable cache's secret under $XDG_CONFIG_HOME: the test session's too, never ~/.config.
-os.environ["XDG_CONFIG_HOME"] = os.path.join(_CACHE_HOME, "config")
 atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
 
 from hypothesis import HealthCheck, settings  # noqa: E402

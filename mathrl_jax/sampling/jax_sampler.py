@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mathrl_jax import executable_cache
 from mathrl_jax.errors import MathRLError
 from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
@@ -251,9 +250,7 @@ class JaxSampler:
     ):
         self.config = model.config
         self.graphdef, state = nnx.split(model)
-        # Module-level programs, closing over nothing: the static arguments (graphdef included) key them.
-        self._prefill = executable_cache.cached(prefill, name="prefill", identity=None)
-        self._decode = executable_cache.cached(decode, name="decode", identity=None)
+        self._prefill, self._decode = prefill, decode  # module-level jitted programs; the static arguments key them
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.tokenizer = tokenizer

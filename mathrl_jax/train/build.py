@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mathrl_jax import executable_cache, files, losses, sharding
+from mathrl_jax import files, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.models.hub import HubModelError, resolve_model_dir
@@ -279,20 +279,6 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     update = update_lib.make_update_fn(
         graphdef, optimizer, update_cfg, critic_optimizer=critic_optimizer, **update_settings
     )
-    # Everything the update closes over, so a later run loads its executable without tracing it. Only for the
-    # library's own losses: the code of a loss registered from a user's module is not in the key.
-    if losses.get_policy_loss(update_cfg.policy_loss).__module__.startswith("mathrl_jax."):
-        update = executable_cache.cached(
-            update,
-            name="update",
-            identity=dict(
-                update_settings,
-                config=update_cfg,
-                graphdef=graphdef,
-                optimizer=optimizer_settings,
-                critic_optimizer=critic_optimizer_settings,
-            ),
-        )
     loader = sources.ProblemLoader(train_problems, seed=config.seed)
     checkpointer = Checkpointer(
         os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
