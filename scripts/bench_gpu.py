@@ -141,7 +141,7 @@ PROFILES = {
         total_budget_s=400,
     ),
 }
-# models.qwen.ATTENTION_IMPLEMENTATIONS, spelled out: the parent process must not import JAX (the XLA settings
+# models.attention.ATTENTION_IMPLEMENTATIONS, spelled out: the parent process must not import JAX (the XLA settings
 # are set first); tests/scripts/test_bench_gpu.py checks the two agree.
 ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
 STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")
@@ -491,7 +491,7 @@ def step_grpo(p, record):
 
 
 def step_attention(p, record):
-    """The training passes' attention (`models.qwen.full_attention`, config.attention) forward + backward at the
+    """The training passes' attention (`models.attention.full_attention`, config.attention) forward + backward at the
     model's heads, `attention_rows` packed rows of `attention_length` tokens holding sequences of 512 (the
     segment mask of packing), bfloat16, per implementation: "blocked" (the CPU default), "xla" and "cudnn" (the
     fused kernel, the GPU default: whether it accepts this mask here, and its speed). A failing implementation
@@ -500,7 +500,7 @@ def step_attention(p, record):
     import jax.numpy as jnp
     import numpy as np
 
-    from mathrl_jax.models import qwen, tiny_config
+    from mathrl_jax.models import attention, tiny_config
 
     config = tiny_config(**MODELS[p["attention_model"]])
     rows, length = p["attention_rows"], p["attention_length"]
@@ -510,13 +510,13 @@ def step_attention(p, record):
     k, v = (jax.random.normal(key, (rows, length, kv_heads, dim), jnp.bfloat16) for key in keys[1:])
     segments = jnp.asarray(1 + np.arange(length) // min(512, length))[None].repeat(rows, 0)
     positions = jnp.asarray(np.arange(length) % min(512, length))[None].repeat(rows, 0)
-    _, allowed = qwen.full_sequence_attention(segments, positions=positions, segment_ids=segments)
+    _, allowed = attention.full_sequence_attention(segments, positions=positions, segment_ids=segments)
     record(**device_info(), model=p["attention_model"], rows=rows, length=length, heads=heads, kv_heads=kv_heads)
     results = {}
     for implementation in p["attention_implementations"]:
         try:
             loss = lambda q, k, v, i=implementation: jnp.sum(
-                qwen.full_attention(q, k, v, allowed, i).astype(jnp.float32)
+                attention.full_attention(q, k, v, allowed, i).astype(jnp.float32)
             )  # noqa: E731
             grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
             start = time.perf_counter()

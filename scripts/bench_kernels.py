@@ -8,7 +8,7 @@ on the same shapes, to say where the difference comes from:
   forward product, its input gradient `dy @ W^T` and its weight gradient
   `x^T @ dy`, each one jitted `jnp` dot against one `torch` matmul on the same
   float32 arrays;
-- attention: `mathrl_jax.models.qwen.causal_attention` (forward, and forward +
+- attention: `mathrl_jax.models.attention.causal_attention` (forward, and forward +
   backward) against `torch.nn.functional.scaled_dot_product_attention(...,
   is_causal=True, enable_gqa=True)`, the kernel `transformers` runs with
   `attn_implementation="sdpa"`.
@@ -79,7 +79,7 @@ def run(args):
     import numpy as np
     import torch
 
-    from mathrl_jax.models import qwen
+    from mathrl_jax.models.attention import causal_attention, full_sequence_attention
 
     torch.set_num_threads(args.threads)
     if jax.default_backend() != "cpu":
@@ -141,11 +141,11 @@ def run(args):
     q = rng.standard_normal((args.batch, args.length, heads, head_dim), dtype=np.float32)
     k, v = (rng.standard_normal((args.batch, args.length, kv_heads, head_dim), dtype=np.float32) for _ in range(2))
     weights = rng.standard_normal(q.shape, dtype=np.float32)
-    _, allowed = qwen.full_sequence_attention(jnp.zeros((args.batch, args.length), jnp.int32))
+    _, allowed = full_sequence_attention(jnp.zeros((args.batch, args.length), jnp.int32))
     jq, jk, jv, jweights = map(jnp.asarray, (q, k, v, weights))
-    attend = jax.jit(lambda q, k, v: qwen.causal_attention(q, k, v, allowed))
+    attend = jax.jit(lambda q, k, v: causal_attention(q, k, v, allowed))
     attend_grad = jax.jit(
-        jax.grad(lambda q, k, v: jnp.sum(qwen.causal_attention(q, k, v, allowed) * jweights), argnums=(0, 1, 2))
+        jax.grad(lambda q, k, v: jnp.sum(causal_attention(q, k, v, allowed) * jweights), argnums=(0, 1, 2))
     )
     heads_first = lambda a: torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1, 3)))  # torch: [B, H, T, d]
     tq, tk, tv, tweights = map(heads_first, (q, k, v, weights))

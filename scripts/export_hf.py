@@ -52,7 +52,7 @@ from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
 
 CHECKPOINTS = "checkpoints"
-STATE_ITEM = "state"  # mathrl_jax.train.checkpoint.STATE_ITEM
+STATE_ITEM = "state"  # mathrl_jax.train.checkpoint_directory.STATE_ITEM
 PARAMS_KEY = "params"  # the TrainState field of the policy parameters
 DTYPES = ("float32", "bfloat16", "float16")
 

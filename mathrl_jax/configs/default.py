@@ -53,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.scan_layers = False
     # The training passes' attention: "auto" (the blocked einsum on CPU; cuDNN's fused kernel on an NVIDIA GPU of
     # compute capability >= 8.0 in bf16 / fp16, jax.nn.dot_product_attention's XLA form otherwise: see
-    # models.qwen.auto_attention), "blocked", "xla", or "cudnn".
+    # models.attention.auto_attention), "blocked", "xla", or "cudnn".
     config.attention = "auto"
 
     # --- data --------------------------------------------------------------------------
@@ -186,6 +186,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.save_interval = 20
     config.max_to_keep = 2
     config.progress = True
+    # Where the metrics go besides run_dir/metrics.jsonl (always written): "tensorboard", "wandb", both
+    # ("tensorboard,wandb", TRL's report_to) or "none". wandb (pip install -e '.[wandb]') runs offline unless
+    # wandb_mode="online": the run is kept in run_dir/wandb/ for `wandb sync`.
+    config.report_to = "tensorboard"
+    config.wandb_project = "mathrl_jax"
+    config.wandb_mode = "offline"
     config.export_final = True  # write the final policy to run_dir/final_model (Hugging Face format)
     # JAX's persistent compilation cache (scripts/): "auto" = $JAX_COMPILATION_CACHE_DIR or
     # ~/.cache/mathrl_jax/jax_compilation_cache; "" = off

@@ -11,7 +11,8 @@
 | directory written by `save_to_disk`     | `datasets.load_from_disk`                   | row index    |
 | any other directory (a dataset repo)    | `datasets.load_dataset(directory)`          | row index    |
 
-Nothing is ever downloaded: every path is local.
+Nothing is ever downloaded: every path is local. (The training build resolves a dataset's Hub id to its
+snapshot in the local Hugging Face cache first: `models.hub.resolve_dataset_path`.)
 
 Layouts (`LAYOUTS`, or a `FieldMapping` of your own):
 

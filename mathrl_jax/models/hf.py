@@ -15,35 +15,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from typing import Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from mathrl_jax import files
-from mathrl_jax.errors import MathRLError
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
+from mathrl_jax.models.safetensors_io import ModelCheckpointError, _write_safetensors, checkpoint_tensors
 
 Path = Tuple[str, ...]
-
-_SAFETENSORS_DTYPES = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-_DTYPE_NAMES = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
 
 # Tensors some checkpoints carry that the model derives itself.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -58,10 +41,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-
-
-class ModelCheckpointError(MathRLError, ValueError):
-    """A checkpoint directory that does not match the model; names the tensor or file."""
 
 
 class TensorSpec(NamedTuple):
@@ -108,81 +87,6 @@ def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
     if not c.tie_word_embeddings:
         linear("lm_head", ("lm_head",), c.vocab_size, c.hidden_size, False)
     return table
-
-
-# ---------------------------------------------------------------------------
-# safetensors, read through a memory map
-# ---------------------------------------------------------------------------
-
-
-class SafetensorsFile:
-    """Lazy reader of one `.safetensors` file: tensors are read-only views of a memory map.
-
-    Written here rather than taken from `safetensors.safe_open` because its numpy framework cannot return
-    bfloat16, the dtype of Qwen's checkpoints (numpy has no such dtype: "data type 'bfloat16' not understood",
-    safetensors 0.8), and its flax framework copies each whole tensor onto the default device, where a sharded
-    load (`jax.make_array_from_callback` in `read_tensors`) wants only each device's slice of a memory-mapped
-    view. The format is a little-endian header length, a JSON header and the raw data.
-    """
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            with open(path, "rb") as f:
-                (header_size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(header_size))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ModelCheckpointError(f"{path} is not a readable safetensors file: {e}") from None
-        self.metadata = header.pop("__metadata__", {})
-        self.entries = header
-        self._data_start = 8 + header_size
-        self._map = np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) > self._data_start else None
-
-    def keys(self):
-        return self.entries.keys()
-
-    def get(self, name: str) -> np.ndarray:
-        entry = self.entries[name]
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise ModelCheckpointError(f"tensor {name!r} in {self.path} has unsupported dtype {entry['dtype']!r}")
-        begin, end = entry["data_offsets"]
-        shape = tuple(entry["shape"])
-        if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or self._map is None:
-            raise ModelCheckpointError(f"tensor {name!r} in {self.path} is truncated or its offsets are wrong")
-        start = self._data_start + begin
-        if start + (end - begin) > self._map.size:
-            raise ModelCheckpointError(f"tensor {name!r} in {self.path} is truncated (file ends early)")
-        return self._map[start : start + (end - begin)].view(dtype).reshape(shape)
-
-
-def checkpoint_tensors(directory: str) -> Dict[str, SafetensorsFile]:
-    """Tensor name -> the file that holds it, for single or sharded (index.json) checkpoints."""
-    index_path = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ModelCheckpointError(f"{index_path} has no 'weight_map'")
-        files = {}
-        located = {}
-        for name, filename in weight_map.items():
-            path = os.path.join(directory, filename)
-            if filename not in files:
-                if not os.path.isfile(path):
-                    raise ModelCheckpointError(
-                        f"{index_path} names {filename!r} (for tensor {name!r}), which is missing"
-                    )
-                files[filename] = SafetensorsFile(path)
-            if name not in files[filename].entries:
-                raise ModelCheckpointError(f"tensor {name!r} is not in {path}, although the index says it is")
-            located[name] = files[filename]
-        return located
-    single = os.path.join(directory, "model.safetensors")
-    if not os.path.isfile(single):
-        raise ModelCheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory!r}")
-    file = SafetensorsFile(single)
-    return {name: file for name in file.keys()}
 
 
 def _set_path(tree: dict, path: Path, value) -> None:
@@ -305,32 +209,6 @@ def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple
     for name, spec in table.items():
         value = get_path(state, spec.path)
         yield name, (value.T if spec.transpose else value)
-
-
-def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
-    """One `.safetensors` file, written whole (`files.atomic_write`), one tensor's bytes at a time.
-
-    `safetensors.numpy.save_file` would turn every tensor of the shard into a bytes object before writing (its
-    `_flatten`), holding a 4 GiB shard twice; this writes the same format streaming (transformers loads it, in
-    float32 and bfloat16, in `tests/models/test_hf.py`).
-    """
-    header, offset = {}, 0
-    for name, array in tensors.items():
-        nbytes = array.nbytes
-        header[name] = {
-            "dtype": _DTYPE_NAMES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt"}
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
-    with files.atomic_write(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
-        for array in tensors.values():
-            f.write(np.ascontiguousarray(array).tobytes())
 
 
 def write_checkpoint(

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mathrl_jax.models import hf
+from mathrl_jax.models import hf, safetensors_io
+from mathrl_jax.models.attention import full_sequence_attention
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import (
     QwenConfig,
     QwenForCausalLM,
     QwenModel,
-    full_sequence_attention,
 )
 
 
@@ -75,7 +75,7 @@ def load_critic(
     """
     config = load_config(directory, **config_overrides)
     table = critic_table(config)
-    has_head = "score.weight" in hf.checkpoint_tensors(directory)
+    has_head = "score.weight" in safetensors_io.checkpoint_tensors(directory)
     if not has_head:
         table = {n: s for n, s in table.items() if not n.startswith("score.")}
     pure = hf.read_tensors(

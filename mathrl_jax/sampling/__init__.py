@@ -9,7 +9,8 @@
 """
 
 from mathrl_jax.sampling.base import FINISH_REASONS, Rollouts, Sampler, SamplingParams
-from mathrl_jax.sampling.jax_sampler import JaxSampler, filter_logits, sampling_distribution
+from mathrl_jax.sampling.decoding import filter_logits, sampling_distribution
+from mathrl_jax.sampling.jax_sampler import JaxSampler
 
 __all__ = [
     "FINISH_REASONS",

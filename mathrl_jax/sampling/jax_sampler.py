@@ -21,190 +21,39 @@ of `stop_check_interval` tokens and the host checks the new text between chunks.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from typing import Any, Optional, Sequence, Union
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from mathrl_jax.errors import MathRLError
-from mathrl_jax.models.qwen import KVCache, QwenForCausalLM, default_positions, init_cache
+from mathrl_jax.models.qwen import QwenForCausalLM
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
+from mathrl_jax.sampling.decoding import (
+    MAX_STOP_TOKENS,
+    ROW_OUTPUTS,
+    RUNNING,
+    STOPPED,
+    _row_keys,
+    compact_carry,
+    decode,
+    prefill,
+    row_keys,
+)
 from mathrl_jax.sharding.distributed import fetch
-from mathrl_jax.sharding.rules import constrain_batch, constrain_kv_cache
-
-RUNNING, STOPPED, LENGTH = 0, 1, 2
-
-
-# The decode carry's per-row results, in the order `_rollouts` takes them.
-ROW_OUTPUTS = ("tokens", "logprobs", "policy_logprobs", "lengths", "finish", "stop_token")
 
 
 class SamplerMemoryError(MathRLError, MemoryError):
     """The device ran out of memory generating; the message names the option that bounds it."""
 
 
-MAX_STOP_TOKENS = 8  # stop-token ids travel as a fixed-size array, so their number does not recompile
-
-
 def bucket(n: int, minimum: int) -> int:
     """The smallest power of two >= max(n, minimum, 1)."""
     return 1 << (max(int(n), int(minimum), 1) - 1).bit_length()
-
-
-def filter_logits(logits: chex.Array, top_k: chex.Array, top_p: chex.Array) -> chex.Array:
-    """Top-k then top-p (nucleus) filtering of `[N, V]` logits; removed entries become -inf.
-
-    top-k keeps the `top_k` largest logits (ties at the threshold kept; `top_k <= 0`
-    keeps all). top-p keeps the most likely tokens, in order, while the probability
-    mass before each is below `top_p`, so the first is always kept (vLLM / HF).
-    Both are traced scalars: changing them does not recompile.
-    """
-    vocab = logits.shape[-1]
-    descending = -jnp.sort(-logits, axis=-1)
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jnp.take_along_axis(descending, jnp.broadcast_to(k - 1, logits.shape[:-1])[..., None], axis=-1)
-    logits = jnp.where(logits < kth, -jnp.inf, logits)
-    descending = jnp.where(descending < kth, -jnp.inf, descending)
-    probs = jax.nn.softmax(descending, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = mass_before < top_p
-    # The smallest kept logit is the threshold; everything below it goes.
-    threshold = jnp.min(jnp.where(keep, descending, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits < threshold, -jnp.inf, logits)
-
-
-def sampling_distribution(logits: chex.Array, temperature, top_k, top_p, *, use_filter: bool) -> chex.Array:
-    """Log-probabilities of the distribution sampled from: log_softmax(filter(logits / T))."""
-    scaled = logits.astype(jnp.float32) / temperature
-    if use_filter:
-        scaled = filter_logits(scaled, top_k, top_p)
-    return jax.nn.log_softmax(scaled, axis=-1)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "samples_per_prompt", "cache_length"))
-def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int, cache_length: int):
-    """Runs left-padded prompts `[U, P]` into a fresh cache; returns the decode state for `n` samples each.
-
-    Module-level and keyed on the (hashable) graphdef, so every sampler of the
-    same architecture shares the compiled programs.
-    """
-    model = nnx.merge(graphdef, state)
-    config = model.config
-    num_prompts, prompt_len = prompt_ids.shape
-    # The prompts attend over their own width only: a cache of P slots, widened to P + G for the decode after.
-    cache = init_cache(config, num_prompts, prompt_len)
-    cache = KVCache(*(tuple(constrain_kv_cache(a) for a in part) for part in cache))
-    positions = default_positions(prompt_mask)
-    hidden, cache = model(
-        prompt_ids, attention_mask=prompt_mask, positions=positions, cache=cache, cache_index=0, return_hidden=True
-    )
-    cache_mask = jnp.zeros((num_prompts, cache_length), jnp.int32).at[:, :prompt_len].set(prompt_mask)
-    # Left padding puts every prompt's last token in the last column.
-    last_logits = model.logits_from_hidden(hidden[:, -1:])[:, 0].astype(jnp.float32)
-
-    def repeat(x):
-        return constrain_batch(jnp.repeat(x, samples_per_prompt, axis=0))
-
-    def widen(a):  # [U, K, P, d] -> [U * n, K, P + G, d]
-        a = jnp.pad(a, ((0, 0), (0, 0), (0, cache_length - prompt_len), (0, 0)))
-        return constrain_kv_cache(jnp.repeat(a, samples_per_prompt, axis=0))
-
-    cache = KVCache(*(tuple(widen(a) for a in part) for part in cache))
-    return dict(
-        last_logits=repeat(last_logits),
-        cache=cache,
-        cache_mask=repeat(cache_mask),
-        next_position=repeat(jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)),
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "greedy", "use_filter"), donate_argnames=("carry",))
-def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: bool):
-    """Decodes until every row is done or `controls["until"]` tokens exist.
-
-    carry: tokens / logprobs / policy_logprobs `[N, G]` (written at column
-    `step`), lengths, finish (RUNNING / STOPPED / LENGTH), stop_token `[N]`,
-    last_logits `[N, V]` (for the next token), cache, cache_mask `[N, S]`,
-    next_position `[N]`, step `[]`. keys: `[N]` per-row keys;
-    controls: traced scalars (temperature, top_k, top_p, max_new_tokens,
-    until, prompt_bucket, pad_id) and `stop_ids [MAX_STOP_TOKENS]` (-1 = unused).
-    """
-    model = nnx.merge(graphdef, state)
-    rows, generation_bucket = carry["tokens"].shape
-
-    def cond(c):
-        return (c["step"] < controls["until"]) & jnp.any(c["finish"] == RUNNING)
-
-    def body(c):
-        step = c["step"]
-        running = c["finish"] == RUNNING
-        policy_logp = jax.nn.log_softmax(c["last_logits"], axis=-1)
-        if greedy:
-            token = jnp.argmax(c["last_logits"], axis=-1).astype(jnp.int32)
-            sample_logp = jnp.zeros((rows,), jnp.float32)
-        else:
-            logp = sampling_distribution(
-                c["last_logits"], controls["temperature"], controls["top_k"], controls["top_p"], use_filter=use_filter
-            )
-            step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
-            gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logp.shape[-1:], jnp.float32))(step_keys)
-            token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
-            sample_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
-        token = jnp.where(running, token, controls["pad_id"])
-        token_policy_logp = jnp.take_along_axis(policy_logp, token[:, None], axis=-1)[:, 0]
-        write = lambda buf, value: jax.lax.dynamic_update_slice_in_dim(buf, value[:, None], step, axis=1)  # noqa: E731
-        zero = jnp.zeros((), jnp.float32)
-        tokens = write(c["tokens"], token)
-        logprobs = write(c["logprobs"], jnp.where(running, sample_logp, zero))
-        policy_logprobs = write(c["policy_logprobs"], jnp.where(running, token_policy_logp, zero))
-        lengths = c["lengths"] + running.astype(jnp.int32)
-        is_stop = jnp.any(token[:, None] == controls["stop_ids"][None, :], axis=-1) & running
-        at_limit = running & ~is_stop & (lengths >= controls["max_new_tokens"])
-        finish = jnp.where(is_stop, STOPPED, jnp.where(at_limit, LENGTH, c["finish"]))
-        stop_token = jnp.where(is_stop, token, c["stop_token"])
-
-        slot = controls["prompt_bucket"] + step
-        cache_mask = jax.lax.dynamic_update_slice_in_dim(c["cache_mask"], jnp.ones((rows, 1), jnp.int32), slot, axis=1)
-        hidden, cache = model(
-            token[:, None],
-            attention_mask=cache_mask,
-            positions=c["next_position"][:, None],
-            cache=c["cache"],
-            cache_index=slot,
-            return_hidden=True,
-        )
-        last_logits = model.logits_from_hidden(hidden)[:, 0].astype(jnp.float32)
-        return dict(
-            tokens=tokens,
-            logprobs=logprobs,
-            policy_logprobs=policy_logprobs,
-            lengths=lengths,
-            finish=finish,
-            stop_token=stop_token,
-            last_logits=constrain_batch(last_logits),
-            cache=cache,
-            cache_mask=cache_mask,
-            next_position=c["next_position"] + 1,
-            step=step + 1,
-        )
-
-    del generation_bucket
-    return jax.lax.while_loop(cond, body, carry)
-
-
-def row_keys(seed, num_rows: int, first_row=0) -> jax.Array:
-    """One key per row from (seed, row index): a row's draws do not depend on the batch around it, nor on the
-    sub-batch it runs in (rows `first_row, ..., first_row + num_rows - 1` of the whole batch)."""
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), first_row + jnp.arange(num_rows))
-
-
-_row_keys = jax.jit(row_keys, static_argnums=1)
 
 
 class JaxSampler:
@@ -467,39 +316,13 @@ class JaxSampler:
                 if until >= params.max_new_tokens or not bool(jnp.any(carry["finish"] == RUNNING)):
                     break
                 if compact:
-                    carry, keys, origin = self._compact(carry, keys, origin, left, shards)
+                    carry, keys, origin = compact_carry(carry, keys, origin, left, shards)
         outputs = fetch(tuple(carry[k] for k in ROW_OUTPUTS))
         if left:  # the rows that left the carry, and those in it, back in their own order
             final = {int(o): tuple(x[i] for x in outputs) for i, o in enumerate(origin) if o >= 0}
             by_row = {**left, **final}
             outputs = tuple(np.stack([by_row[r][k] for r in range(rows)]) for k in range(len(ROW_OUTPUTS)))
         return self._rollouts(outputs, prompt_ids, n, stop_strings)
-
-    def _compact(self, carry, keys, origin, left, shards):
-        """The carry's running rows in a batch a quarter (a sixteenth, ...) as large, when they fit in one (and
-        it splits over the mesh's `shards`); the finished rows' outputs go to `left` (by their row in the
-        sub-batch). A quarter at a time keeps the decode programs few. Returns (carry, keys, origin)."""
-        finish = np.asarray(fetch(carry["finish"]))
-        running = np.flatnonzero(finish == RUNNING)
-        size = len(finish)
-        while size % 4 == 0 and (size // 4) % shards == 0 and size // 4 >= max(len(running), 1):
-            size //= 4
-        if size == len(finish):
-            return carry, keys, origin
-        leaving = [i for i in np.flatnonzero(finish != RUNNING) if origin[i] >= 0]
-        outputs = fetch(tuple(carry[k] for k in ROW_OUTPUTS))
-        for i in leaving:
-            left[int(origin[i])] = tuple(x[i] for x in outputs)
-        # Filler rows, copies of a finished row (so not running), make up the smaller batch.
-        filler = int(np.flatnonzero(finish != RUNNING)[0])
-        keep = np.concatenate([running, np.full(size - len(running), filler)]).astype(np.int32)
-        index = jax.device_put(keep)
-        take = lambda x: jnp.take(x, index, axis=0)  # noqa: E731
-        step = carry["step"]
-        carry = jax.tree.map(take, {k: v for k, v in carry.items() if k != "step"})
-        carry["step"] = step
-        origin = np.concatenate([origin[running], np.full(size - len(running), -1)])
-        return carry, take(keys), origin
 
     def _mesh_context(self):
         if self.mesh is None:

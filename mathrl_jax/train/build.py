@@ -16,7 +16,7 @@ from flax import nnx
 from mathrl_jax import files, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
-from mathrl_jax.models.hub import HubModelError, resolve_model_dir
+from mathrl_jax.models.hub import HubModelError, resolve_dataset_path, resolve_model_dir
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.sampling import JaxSampler
@@ -167,6 +167,17 @@ def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return policy, critic
 
 
+def report_to(config) -> Tuple[str, ...]:
+    """The metric sinks `config.report_to` names ("none": the JSONL file alone), checked by `validation`."""
+    names = tuple(n.strip().lower() for n in str(config.report_to).split(",") if n.strip())
+    return () if names == ("none",) else names
+
+
+def wandb_settings(config) -> Dict[str, Any]:
+    """`wandb_writer.WandbWriter`'s settings: the project, the mode and the run's whole config."""
+    return dict(project=config.wandb_project, mode=config.wandb_mode, config=config.to_dict())
+
+
 def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=None) -> Run:
     """Checks everything, then builds the models, sampler, data, optimizers and restores a checkpoint if any.
 
@@ -177,9 +188,15 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
             config.reward_source = "functions"
         config.reward.functions = ",".join(getattr(f, "__name__", "function") for f in reward_functions)
     validate_config(config)
-    for key in ("model_name_or_path", "prm_model_name_or_path"):  # a Hub id: its snapshot in the local cache
+    resolvers = dict(
+        model_name_or_path=resolve_model_dir,
+        prm_model_name_or_path=resolve_model_dir,
+        dataset_path=resolve_dataset_path,
+        eval_dataset_path=resolve_dataset_path,
+    )
+    for key, resolve in resolvers.items():  # a Hub id: its snapshot in the local cache
         try:
-            config[key] = resolve_model_dir(config[key], key)
+            config[key] = resolve(config[key], key)
         except HubModelError as error:
             fail(str(error))
     functions = _reward_functions(config, reward_functions)
@@ -316,7 +333,12 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
         values=passes.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
         checkpointer=checkpointer,
-        logger=MetricsLogger(run_dir, resumed_from=start_iteration),
+        logger=MetricsLogger(
+            run_dir,
+            tensorboard="tensorboard" in report_to(config),
+            wandb=wandb_settings(config) if "wandb" in report_to(config) else None,
+            resumed_from=start_iteration,
+        ),
         mesh=mesh,
         total_iterations=total,
         start_iteration=start_iteration,
@@ -352,6 +374,9 @@ RESUME_MAY_CHANGE = (
     "save_interval",
     "max_to_keep",
     "progress",
+    "report_to",
+    "wandb_project",
+    "wandb_mode",
     "export_final",
     "compilation_cache_dir",
     "heartbeat_timeout_s",

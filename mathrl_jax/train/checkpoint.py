@@ -57,131 +57,39 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from flax import nnx
 
-from mathrl_jax.errors import MathRLError
 from mathrl_jax.sharding.rules import path_string
+from mathrl_jax.train.checkpoint_directory import (
+    CHECKSUMS_ITEM,
+    METADATA_ITEM,
+    STATE_ITEM,
+    CheckpointDirectory,
+    _check_step,
+)
+from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnreadableCheckpointError
+from mathrl_jax.train.checkpoint_tree import (
+    _abstract,
+    _check_matches,
+    _dtype_of,
+    _from_disk,
+    _in_dtype,
+    _is_variable,
+    _map_leaves,
+    _named,
+    _savable,
+    _sequences,
+    _short,
+)
 from mathrl_jax.train.checksums import leaf_checksums, saved_dtype
 
-if TYPE_CHECKING:
-    from typing import Self  # Python >= 3.11; annotations only
-
-STATE_ITEM = "state"
-METADATA_ITEM = "metadata"
-CHECKSUMS_ITEM = "checksums"
-
 _log = logging.getLogger(__name__)
-
-
-class CheckpointError(MathRLError, RuntimeError):
-    """A checkpoint that cannot be saved or restored; names the directory, the step and the bad key."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint whose data fails verification (a leaf's checksum differs from the one saved with it) or cannot
-    be read; names the step and the leaves."""
-
-
-class UnreadableCheckpointError(CorruptCheckpointError):
-    """A checkpoint Orbax could not read: a damaged file, or a passing I/O failure. Not restored, but never
-    deleted for it: only a checksum that differs proves the data damaged."""
-
-
-# --------------------------------------------------------------------------------------------
-# Leaves (the tree itself is Orbax's: it saves any pytree and restores into the target's structure)
-# --------------------------------------------------------------------------------------------
-
-
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
-def _map_leaves(tree: Any, what: str, fn: Callable[[str, Any], Any]) -> tuple[Any, dict[str, Any]]:
-    """Unwraps the NNX Variables of `tree`, names its leaves and maps `fn(key, leaf)` over them.
-
-    Returns (the mapped tree, {key: mapped leaf}). Refuses a tree without leaves or a bare leaf (Orbax's
-    StandardSave refuses both, without naming the directory or step), and keys that collide once joined
-    with "/" (our names) or "." (Orbax's names of the stored arrays: it silently stores one over the other).
-    """
-    # A Variable flattens to `.value`; unwrapped, an nnx.State is stored under the keys of its pure dict.
-    tree = jax.tree.map(lambda x: x.get_value() if _is_variable(x) else x, tree, is_leaf=_is_variable)
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    if not with_path:
-        raise CheckpointError(f"the {what} has no leaves (got {type(tree).__name__}); nothing to checkpoint")
-    if with_path[0][0] == ():
-        raise CheckpointError(
-            f"the {what} is a single {type(tree).__name__}; wrap it in a container, e.g. {{'params': x}}"
-        )
-    names = [path_string(path) for path, _ in with_path]
-    for joined in (names, [name.replace("/", ".") for name in names]):
-        seen: set[str] = set()
-        for name in joined:
-            if name in seen:
-                raise CheckpointError(f"two leaves of the {what} have the same key {name!r}; rename one")
-            seen.add(name)
-    leaves = [fn(name, leaf) for name, (_, leaf) in zip(names, with_path)]
-    return jax.tree_util.tree_unflatten(treedef, leaves), dict(zip(names, leaves))
-
-
-def _is_typed_key(leaf: Any) -> bool:
-    dtype = getattr(leaf, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _savable(name: str, leaf: Any) -> Any:
-    if _is_typed_key(leaf):
-        raise CheckpointError(
-            f"state leaf {name!r} is a typed PRNG key array ({leaf.dtype}); store its raw data "
-            f"jax.random.key_data(key) (uint32) instead, and rewrap with jax.random.wrap_key_data"
-        )
-    if isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype.kind in "OUSV":
-        raise CheckpointError(f"state leaf {name!r} has dtype {leaf.dtype}; only numeric arrays are saved")
-    # NumPy leaves need no copy here: Orbax deep-copies host arrays before `save` returns.
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float)):
-        return leaf
-    raise CheckpointError(
-        f"state leaf {name!r} is a {type(leaf).__name__}; a state holds jax/NumPy arrays and Python "
-        f"int/float/bool (put strings and other JSON values in `metadata`)"
-    )
-
-
-def _abstract(name: str, leaf: Any) -> Any:
-    """The abstract leaf Orbax restores for one target leaf."""
-    if _is_typed_key(leaf):
-        raise CheckpointError(
-            f"target leaf {name!r} is a typed PRNG key array ({leaf.dtype}); checkpoints hold raw key data, "
-            f"use jax.random.key_data(key) in the target"
-        )
-    if isinstance(leaf, jax.Array):
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
-    if isinstance(leaf, (np.ndarray, np.generic)):
-        return np.asarray(leaf)  # Orbax takes no NumPy scalars: a 0-d array (see `_from_disk`)
-    if isinstance(leaf, (jax.ShapeDtypeStruct, bool, int, float)):
-        return leaf
-    raise CheckpointError(
-        f"target leaf {name!r} is a {type(leaf).__name__}; expected a jax.Array, jax.ShapeDtypeStruct, "
-        f"NumPy array or Python int/float/bool"
-    )
-
-
-def _from_disk(target: Any, value: Any) -> Any:
-    """A restored value in the type of its target leaf: NNX Variables rewrapped, NumPy scalars.
-
-    Orbax itself casts arrays and Python scalars to the target's dtype or type; NumPy scalars it
-    restores as the 0-d arrays they were asked as (see `_abstract`).
-    """
-    if _is_variable(target):
-        return target.replace(value=value)
-    if isinstance(target, np.generic):
-        return np.asarray(value, dtype=target.dtype)[()]
-    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +114,7 @@ def _non_json(value: Any, where: str) -> str | None:
     return f"{where} is a {type(value).__name__} ({value!r:.60}); use int, float, str, bool, None, list or dict"
 
 
-class Checkpointer:
+class Checkpointer(CheckpointDirectory):
     """Saves and restores (state pytree, JSON metadata) by step in `directory`.
 
     Args:
@@ -226,62 +134,7 @@ class Checkpointer:
     without it leaves that save unfinalized, i.e. not a checkpoint.
     """
 
-    def __init__(
-        self, directory: str, *, save_interval: int, max_to_keep: int | None = 3, async_save: bool = True
-    ) -> None:
-        if isinstance(save_interval, bool) or not isinstance(save_interval, (int, np.integer)) or save_interval < 0:
-            raise ValueError(f"save_interval={save_interval!r}: expected an int >= 0 (0: only forced saves)")
-        if max_to_keep is not None and (
-            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, (int, np.integer)) or max_to_keep < 1
-        ):
-            raise ValueError(f"max_to_keep={max_to_keep!r}: expected an int >= 1, or None to keep every step")
-        directory = os.fspath(directory)
-        if "://" not in directory:  # a local path; gs://... and other URLs are left to Orbax (etils.epath)
-            directory = os.path.abspath(os.path.expanduser(directory))
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise CheckpointError(f"checkpoint directory {directory!r} exists and is not a directory")
-        self.directory = directory
-        self.save_interval = int(save_interval)
-        self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
-        self.async_save = bool(async_save)
-        self._corrupt: set[int] = set()  # steps `restore` found corrupt: never restored, removed at the next save
-        self._verified: int | None = None  # the newest step whose checksums `restore` verified: rotation keeps it
-        self.restored_step: int | None = None  # the step the last `restore` returned (an older one on a fallback)
-        policies = ocp.checkpoint_managers
-        options = ocp.CheckpointManagerOptions(
-            save_interval_steps=max(self.save_interval, 1),
-            # The newest `max_to_keep` steps, and the last verified one however old: were the newer ones damaged,
-            # a resume would still find an intact step.
-            preservation_policy=policies.AnyPreservationPolicy(
-                [policies.LatestN(n=self.max_to_keep), _KeepStep(lambda: self._verified)]
-            ),
-            enable_async_checkpointing=self.async_save,
-            cleanup_tmp_directories=True,  # remove the tmp dirs of writes that a crash interrupted
-            create=True,
-        )
-        # Handlers named up front, so that a fresh manager can read the metadata of steps it did not write.
-        handlers = {
-            STATE_ITEM: ocp.StandardCheckpointHandler(),
-            METADATA_ITEM: ocp.JsonCheckpointHandler(),
-            CHECKSUMS_ITEM: ocp.JsonCheckpointHandler(),
-        }
-        self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
-        self._closed = False
-
     # ---- steps ----
-
-    def all_steps(self) -> list[int]:
-        """The complete (finalized) steps in the directory, ascending; includes a save still being written."""
-        return sorted(int(s) for s in self._manager.all_steps())
-
-    def latest_step(self) -> int | None:
-        """The newest complete step, or None when the directory holds none."""
-        step = self._manager.latest_step()
-        return None if step is None else int(step)
-
-    def reload(self) -> None:
-        """Re-reads the step list from disk (for a reader of a directory that another job writes)."""
-        self._manager.reload()
 
     def should_save(self, step: int) -> bool:
         """True when `step` is a positive multiple of `save_interval` and newer than the latest saved step."""
@@ -355,46 +208,6 @@ class Checkpointer:
         self._corrupt.clear()
 
     # ---- restore ----
-
-    def _resolve_step(self, step: int | None) -> int:
-        self.wait_until_finished()
-        steps = self.all_steps()
-        if not steps:
-            raise CheckpointError(f"no complete checkpoint in {self.directory}")
-        if step is None:
-            return steps[-1]
-        step = _check_step(step)
-        if step not in steps:
-            raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; the steps there are {steps}")
-        return step
-
-    def saved_shapes(self, step: int | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """{key: (shape, dtype)} of the state saved at `step` (default: the latest), read from its metadata."""
-        step = self._resolve_step(step)
-        return {name: (tuple(m.shape), np.dtype(m.dtype)) for name, m in _named(self._saved_tree(step)).items()}
-
-    def _saved_tree(self, step: int) -> Any:
-        """The tree of Orbax's array or scalar metadata of the state saved at `step` (lists for tuples)."""
-        where = os.path.join(self.directory, str(step))
-        try:
-            tree = self._manager.metadata(step).item_metadata[STATE_ITEM]
-        except Exception as e:  # Orbax raises several unrelated types for unreadable metadata
-            raise CorruptCheckpointError(f"cannot read the state metadata of checkpoint {where}: {e}") from e
-        tree = getattr(tree, "tree", tree)
-        if tree is None:
-            raise CheckpointError(f"checkpoint {where} has no '{STATE_ITEM}' item; it was not written by Checkpointer")
-        return tree
-
-    def read_metadata(self, step: int | None = None) -> dict[str, Any]:
-        """The JSON metadata saved with `step` (default: the latest), without reading the arrays."""
-        self._check_open()
-        step = self._resolve_step(step)
-        args = ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()})
-        try:
-            restored = self._manager.restore(step, args=args)
-        except Exception as e:  # re-raised with the directory and step named
-            raise CheckpointError(f"cannot read the metadata of checkpoint {self.directory}/{step}: {e}") from e
-        return dict(restored[METADATA_ITEM] or {})
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """(state, metadata) of `step` (default: the newest intact step).
@@ -521,119 +334,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001  unreadable JSON, a missing field: the step cannot be trusted
             raise CorruptCheckpointError(f"cannot read the checksums of checkpoint {where}: {e}") from e
 
-    # ---- life cycle ----
-
-    def wait_until_finished(self) -> None:
-        """Blocks until a background save is written and finalized (raises its error, if any)."""
-        self._manager.wait_until_finished()
-
-    def close(self) -> None:
-        """Waits for the pending save, then releases the manager; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._manager.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CheckpointError(f"the Checkpointer of {self.directory} is closed")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return (
-            f"Checkpointer({self.directory!r}, save_interval={self.save_interval}, "
-            f"max_to_keep={self.max_to_keep}, async_save={self.async_save})"
-        )
-
-
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise CheckpointError(f"step={step!r}: expected an int >= 0")
-    return int(step)
-
-
-def _named(tree: Any) -> dict[str, Any]:
-    """{key: leaf} of `tree`, keys as `path_string`."""
-    return {path_string(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def _sequences(tree: Any) -> set[str]:
-    """The keys of the lists and tuples (not NamedTuples: keyed by field) in `tree` that hold leaves."""
-    return {
-        path_string(path[:i])
-        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
-        for i, key in enumerate(path)
-        if isinstance(key, jax.tree_util.SequenceKey)
-    }
-
-
-def _check_matches(where: str, wanted: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Raises a CheckpointError naming the keys of the target that the checkpoint at `where` lacks, and so on.
-
-    Orbax checks this too, but its messages name neither the step nor which side lacks a key.
-    """
-    missing = sorted(name for name in wanted if name not in saved)
-    extra = sorted(name for name in saved if name not in wanted)
-    shapes = [
-        f"{name}: saved {tuple(saved[name].shape or ())}, target {tuple(np.shape(leaf))}"
-        for name, leaf in wanted.items()
-        if name in saved and tuple(np.shape(leaf)) != tuple(saved[name].shape or ())
-    ]
-    parts = [
-        f"{what}: {_short(names)}"
-        for what, names in [
-            ("keys of the target not in the checkpoint", missing),
-            ("keys in the checkpoint not in the target", extra),
-            ("shapes differ", shapes),
-        ]
-        if names
-    ]
-    if parts:
-        raise CheckpointError(f"checkpoint {where} does not match the restore target; " + "; ".join(parts))
-
-
-def _short(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
-
 
 def _json_sha256(value: Any) -> str:
     """SHA-256 of a JSON value's canonical text (sorted keys), as it reads back: tuples are lists."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-def _dtype_of(leaf: Any) -> np.dtype | None:
-    """The dtype of an abstract restore leaf; None for a Python scalar (restored as its own type)."""
-    return np.dtype(leaf.dtype) if isinstance(leaf, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)) else None
-
-
-def _in_dtype(leaf: Any, dtype: np.dtype | None) -> Any:
-    """An abstract or restored leaf in `dtype` (unchanged when `dtype` is None, when the leaf already has it or is a
-    Python scalar, and for a ShapeDtypeStruct when JAX cannot hold the dtype, e.g. float64 without x64)."""
-    if dtype is None or _dtype_of(leaf) in (None, dtype):
-        return leaf
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        if jax.dtypes.canonicalize_dtype(dtype) != dtype:
-            return leaf
-        return jax.ShapeDtypeStruct(leaf.shape, dtype, sharding=leaf.sharding)
-    return leaf.astype(dtype)
-
-
-class _KeepStep:
-    """An Orbax preservation policy that keeps the step `step()` names (None: none), whatever the other policies say.
-
-    Orbax's `max_to_keep` alone keeps the newest steps: after a resume from an older step because the newer ones
-    were damaged, saving would rotate the one step known to be intact out. See
-    `orbax.checkpoint.checkpoint_managers.PreservationPolicy`.
-    """
-
-    def __init__(self, step: Callable[[], int | None]) -> None:
-        self._step = step
-
-    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
-        keep = self._step()
-        return [info.step == keep for info in checkpoints]

@@ -33,8 +33,8 @@ from mathrl_jax.train.batch import mesh_context, prepare_batch, shuffled_rewards
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples
-from mathrl_jax.train.metrics import Progress
 from mathrl_jax.train.multiturn import EnvRollouts
+from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import release_run_dir
 from mathrl_jax.train.validation import TrainingError

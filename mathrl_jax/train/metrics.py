@@ -1,4 +1,4 @@
-"""Training metrics: tensorboardX scalars, a JSONL log, a console progress bar, pass@k.
+"""Training metrics: tensorboardX scalars, a JSONL log, optionally wandb, pass@k (the progress bar: `progress`).
 
 `MetricsLogger(logdir).log(step, {"rollout/accuracy": 0.5, ...})` writes, on the
 main process only (`mathrl_jax.sharding.distributed.is_main_process`):
@@ -14,7 +14,7 @@ main process only (`mathrl_jax.sharding.distributed.is_main_process`):
   as one uninterrupted run; without it, records are appended, and a step logged
   twice reads as its later line.
 
-Metric names are free strings; `METRIC_NAMES` lists every name the training loop
+Metric names are free strings; `metric_names.METRIC_NAMES` lists every name the training loop
 logs (`mathrl_jax.train.loop`), named as in the reference systems (verl, OpenR,
 AReaL) where they have one. A name with a `{k}` stands for a family
 (`eval/pass@{k}`: `eval/pass@1`, `eval/pass@8`, ...); `documented_name` maps a
@@ -28,11 +28,9 @@ import json
 import math
 import numbers
 import os
-import re
-import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 import jax
@@ -46,125 +44,6 @@ if TYPE_CHECKING:
 
 JSONL_NAME = "metrics.jsonl"
 RESERVED_KEYS = ("step", "time")
-
-METRIC_NAMES: dict[str, str] = {
-    # rollout: the batch of sampled responses (real rows only: not a multi-turn batch's padding)
-    "rollout/rewards": "mean reward a response earned (verifier score plus PRM step scores)",
-    "rollout/function/{name}": "mean score of reward function {name} (reward.functions), before its weight",
-    "rollout/accuracy": (
-        "fraction of responses the verifier grades correct (multi-turn: of episodes won; absent where nothing "
-        "grades: reward functions alone, or a custom reward_fn that does not report `reward/accuracy`)"
-    ),
-    "rollout/response_length": "mean response length, in tokens",
-    "rollout/truncated_fraction": "fraction of responses cut at max_new_tokens (verl `response_length/clip_ratio`)",
-    "rollout/no_answer_rate": "fraction of responses with no final answer to grade (absent if the reward does not say)",
-    "rollout/grader_timeouts": "responses whose grading ran past reward.timeout_s (graded incorrect)",
-    "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
-    "rollout/sampler_logprob_diff": (
-        "mean |trainer - sampler| log-prob of the response tokens (sampler-trainer mismatch), when the trainer "
-        "recomputes the old log-probs (old_logprobs) and the sampler filters no tokens (top_p 1, no top_k)"
-    ),
-    "rollout/sampler_ratio_outside": (
-        "share of response tokens whose pi_trainer / pi_sampler is outside [0.5, 2] (as sampler_logprob_diff)"
-    ),
-    "rollout/sampler_kl_sampler_trainer": (
-        "mean log pi_sampler - log pi_trainer over response tokens, a k1 estimate of KL(sampler || trainer)"
-    ),
-    "rollout/tis_weight_mean": "mean truncated importance weight min(pi_trainer / pi_sampler, tis_cap) (tis_cap)",
-    "rollout/tis_truncated_fraction": "share of response tokens whose weight was cut to tis_cap (tis_cap)",
-    "rollout/episode_return": "mean undiscounted return of an episode (multi-turn env_name)",
-    "rollout/episode_turns": "mean turns per episode (multi-turn env_name)",
-    "dapo/kept_fraction": "fraction of responses kept by DAPO's group filter (the others are masked out)",
-    # async: how far the rollouts are behind the learner (every loop; 0 in the synchronous one)
-    "async/staleness": "policy versions between the policy that sampled the batch and the one it updates (AReaL)",
-    "async/policy_version": "version of the policy that sampled the batch (the oldest turn's, multi-turn)",
-    # train: the update, averaged over the ppo_epoch x num_mini_batch minibatches (weighted by their tokens). The
-    # per-token means are over the rows that train: with skip_zero_advantage, those with a non-zero advantage.
-    "train/loss": "the policy objective differentiated: policy loss - entropy_coef x entropy + kl_coef x kl",
-    "train/policy_loss": "policy-gradient loss (verl `actor/pg_loss`)",
-    "train/entropy_loss": (
-        "mean token entropy of the policy (OpenR's `entropy_loss`; a mean over actions with APPO's action ratio), "
-        "not multiplied by entropy_coef"
-    ),
-    "train/kl": "KL(pi || pi_ref) to the reference policy, kl_kind estimator (with kl_coef > 0; verl `actor/kl_loss`)",
-    "train/approx_kl": (
-        "mean of (r - 1) - log r, r = pi / pi_old, over tokens (over actions for APPO): OpenR's KL skip, which "
-        "compares it with target_kl"
-    ),
-    "train/ppo_kl": (
-        "mean of log pi_old - log pi over tokens (verl `actor/ppo_kl`; pi_old is the proximal policy for "
-        "async_ppo); not logged with APPO's action ratio"
-    ),
-    "train/clip_fraction": "fraction of tokens whose clipped term is the active one (verl `actor/pg_clipfrac`)",
-    "train/clip_fraction_high": "fraction of tokens with A > 0 and a ratio above 1 + clip_high",
-    "train/clip_fraction_low": "fraction of tokens with A < 0 and a ratio below 1 - clip_low",
-    "train/dual_clip_fraction": "fraction of tokens bounded by the dual clip (clip_c; 0 without it)",
-    "train/importance_weight": "mean ratio pi / pi_old over response tokens",
-    "train/importance_weight_max": "largest ratio pi / pi_old of a response token",
-    "train/trained_token_fraction": (
-        "fraction of the response tokens in rows the update trained on (below 1 with skip_zero_advantage: rows "
-        "whose every advantage is 0 are left out of its passes)"
-    ),
-    "train/grad_norm": "global L2 norm of the policy gradient before clipping",
-    "train/applied_fraction": "fraction of minibatches whose policy step was taken (finite, approx-KL <= target_kl)",
-    "train/kl_skipped_fraction": "fraction of minibatches whose approx-KL exceeded target_kl: no policy step (OpenR)",
-    "train/skipped_updates": "minibatch steps skipped for a non-finite loss or gradient (policy or critic)",
-    "train/update_step": (
-        "updates of the policy so far (`TrainState.step`): one per iteration, each of ppo_epoch x num_mini_batch "
-        "optimizer steps"
-    ),
-    "train/behaviour_weight_mean": "mean pi_prox / pi_behaviour of the tokens kept (async_ppo's decoupled loss)",
-    "train/behaviour_kl": "mean log pi_prox - log pi_behaviour of the tokens kept (async_ppo)",
-    "train/behaviour_capped_fraction": "fraction of tokens dropped by behaviour_weight_cap (async_ppo)",
-    # train, critic (ppo, appo, tppo)
-    "train/value_loss": "critic loss (verl `critic/vf_loss`)",
-    "train/value_grad_norm": "global L2 norm of the critic gradient before clipping",
-    "train/value_clip_fraction": "fraction of value entries whose clipped term is active (verl `critic/vf_clipfrac`)",
-    "train/value_mean": "mean critic value over the entries it is trained on",
-    "train/value_explained_variance": "1 - Var(returns - values) / Var(returns) of the critic",
-    # eval: held-out problems, every eval_interval iterations and at the end
-    "eval/accuracy": "fraction of evaluation problems answered correctly by greedy decoding",
-    "eval/response_length": "mean greedy evaluation response length, in tokens",
-    "eval/pass@{k}": (
-        "unbiased pass@k (Chen et al. 2021) from eval_n_samples samples at the RL temperature, for k in 1, 4, 8 "
-        "and eval_n_samples (k <= eval_n_samples), at the first and last evaluation; pass@1 is the sampled accuracy"
-    ),
-    # perf: throughput
-    "perf/step_time": "seconds of the whole iteration (without the evaluation)",
-    "perf/generate_time": "seconds the batch took to sample and grade (in the generator thread for async_ppo)",
-    "perf/wait_time": "seconds the learner waited for its batch",
-    "perf/grade_time": "seconds of perf/generate_time spent computing the rewards (verifier, or a custom reward_fn)",
-    "perf/logprob_time": "seconds of the trainer's passes before the update: old (unless taken from the sampler, "
-    "old_logprobs) / reference / proximal log-probs, critic values, advantages",
-    "perf/update_time": "seconds of the jitted update (every minibatch's forward, backward and optimizer step)",
-    "perf/sync_time": "seconds to hand the new weights to the sampler (Sampler.update_weights)",
-    "perf/tokens_per_second": "response tokens of the batch per second of the iteration",
-    # warmstart: the supervised warm-start before RL (logged at step 0, once)
-    "warmstart/eval_accuracy_before": "greedy eval accuracy before the warm-start",
-    "warmstart/eval_accuracy_after": "greedy eval accuracy after the warm-start",
-    "warmstart/seconds": "seconds of the warm-start's training",
-    "warmstart/steps": "optimizer steps of the warm-start",
-}
-
-
-_PLACEHOLDERS = {"{k}": "[1-9][0-9]*", "{name}": "[A-Za-z_][A-Za-z0-9_]*"}
-_NAME_FAMILIES = {
-    name: re.compile(
-        re.escape(name)
-        .replace(re.escape("{k}"), _PLACEHOLDERS["{k}"])
-        .replace(re.escape("{name}"), _PLACEHOLDERS["{name}"])
-    )
-    for name in METRIC_NAMES
-    if any(p in name for p in _PLACEHOLDERS)
-}
-
-
-def documented_name(name: str) -> str | None:
-    """The `METRIC_NAMES` entry that documents the logged metric `name`: itself, its family
-    (`"eval/pass@4"` -> `"eval/pass@{k}"`), or None for a name the loop does not log."""
-    if name in METRIC_NAMES and name not in _NAME_FAMILIES:
-        return name
-    return next((family for family, pattern in _NAME_FAMILIES.items() if pattern.fullmatch(name)), None)
 
 
 def _check_step(step: Any, name: str = "step") -> int:
@@ -218,6 +97,8 @@ class MetricsLogger:
       logdir: the run directory (created).
       tensorboard: write tensorboardX event files.
       jsonl: append to `<logdir>/metrics.jsonl`.
+      wandb: None, or the `wandb_writer.WandbWriter` settings (`project`, `mode`, `config`): log the same
+        values to a wandb run too (offline by default).
       main_process: whether this process writes; default `is_main_process()`. On
         the other processes `log` and `close` do nothing.
       resumed_from: the step the run resumes from (the iteration of the restored
@@ -229,7 +110,10 @@ class MetricsLogger:
         are not rewritten: the new event file starts with a purge marker at step
         `resumed_from + 1` (tensorboardX `purge_step`), which makes TensorBoard hide
         the old files' scalars of those steps; a reader of the raw event files still
-        sees them. None (the default): append, dropping nothing.
+        sees them. Each writer's event file name ends in the step it resumed from and
+        its pid, so a writer opened within the second of another never overwrites its
+        file, and TensorBoard reads them in order. None (the default): append,
+        dropping nothing.
 
     Each `log` call is flushed to disk, so a crash loses no logged step.
     """
@@ -240,6 +124,7 @@ class MetricsLogger:
         *,
         tensorboard: bool = True,
         jsonl: bool = True,
+        wandb: Mapping[str, Any] | None = None,
         main_process: bool | None = None,
         resumed_from: int | None = None,
     ) -> None:
@@ -248,6 +133,7 @@ class MetricsLogger:
         self.jsonl_path = os.path.join(self.logdir, JSONL_NAME) if jsonl else None
         self.resumed_from = None if resumed_from is None else _check_step(resumed_from, "resumed_from")
         self._writer = None
+        self._wandb = None
         self._jsonl: IO[str] | None = None
         self._closed = False
         if not self.active:
@@ -263,7 +149,14 @@ class MetricsLogger:
             from tensorboardX import SummaryWriter
 
             purge = None if self.resumed_from is None else self.resumed_from + 1
-            self._writer = SummaryWriter(logdir=self.logdir, purge_step=purge)
+            # tensorboardX names the file by the second and the host only: a second writer within that second
+            # truncated the first's file (a resume right after a crash lost the whole run's scalars).
+            suffix = f".r{self.resumed_from or 0:09d}.{os.getpid()}"
+            self._writer = SummaryWriter(logdir=self.logdir, purge_step=purge, filename_suffix=suffix)
+        if wandb is not None:
+            from mathrl_jax.train.wandb_writer import WandbWriter
+
+            self._wandb = WandbWriter(self.logdir, **wandb)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Records `metrics` (name -> real scalar: Python, NumPy or jax) at `step`."""
@@ -277,6 +170,8 @@ class MetricsLogger:
             for name, value in values.items():
                 self._writer.add_scalar(name, float(value), global_step=step)
             self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log(step, values)
         if self._jsonl is not None:
             record: dict[str, Any] = {"step": step, "time": time.time()}
             for name, value in values.items():
@@ -291,6 +186,8 @@ class MetricsLogger:
         self._closed = True
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.close()
         if self._jsonl is not None:
             self._jsonl.close()
 
@@ -369,96 +266,6 @@ def read_jsonl_metrics(path_or_run_dir: str) -> list[dict[str, Any]]:
             )
         records.append(record)
     return records
-
-
-class Progress:
-    """A console progress bar (tqdm) over training steps, showing the key figures.
-
-    Args:
-      total_steps: the last step of the run.
-      initial_step: where the bar starts (the resumed step).
-      keys: the metrics shown after the bar, by their last name component
-        ("rollout/accuracy" -> "accuracy"), when present in `update`'s metrics.
-      disable: no output; also off on every process but the main one.
-      file: where the bar is drawn (default stderr).
-      desc: the bar's label. Until the first `update` it reads "compiling" (the first step compiles its
-        programs), and the first step is left out of the rate: the ETA is the steps', not the compiler's.
-    """
-
-    def __init__(
-        self,
-        total_steps: int,
-        *,
-        initial_step: int = 0,
-        keys: Sequence[str] = ("rollout/accuracy", "rollout/rewards", "train/policy_loss"),
-        disable: bool = False,
-        file: IO[str] | None = None,
-        desc: str = "",
-    ) -> None:
-        from tqdm import tqdm
-
-        total_steps = _check_step(total_steps)
-        initial_step = _check_step(initial_step)
-        if initial_step > total_steps:
-            raise ValueError(f"initial_step={initial_step} is after total_steps={total_steps}")
-        if isinstance(keys, str):
-            raise TypeError(f"keys={keys!r}: expected a sequence of metric names, not one string")
-        self.keys = tuple(keys)
-        short = [k.rsplit("/", 1)[-1] for k in self.keys]
-        self._labels = {k: (s if short.count(s) == 1 else k) for k, s in zip(self.keys, short)}
-        self._bar = tqdm(
-            total=total_steps,
-            initial=initial_step,
-            disable=disable or not is_main_process(),
-            file=file if file is not None else sys.stderr,
-            unit="step",
-            dynamic_ncols=True,
-            desc=f"{desc} (compiling)" if desc else "compiling",
-        )
-        self._desc = desc
-        self._compiled = False
-
-    @property
-    def step(self) -> int:
-        return int(self._bar.n)
-
-    def figures(self, metrics: Mapping[str, Any]) -> dict[str, str]:
-        """{label: formatted value} of the key figures present in `metrics`."""
-        present = {k: metrics[k] for k in self.keys if k in metrics}
-        return {self._labels[k]: f"{v:.4g}" for k, v in scalar_metrics(present).items()}
-
-    def update(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Moves the bar to `step` and shows the key figures of `metrics`."""
-        step = _check_step(step)
-        if self._bar.disable:
-            return
-        self._bar.set_postfix(self.figures(metrics), refresh=False)
-        if not self._compiled:  # the first step compiled: measure the rate from here
-            self._compiled = True
-            self._bar.reset(total=self._bar.total)
-            self._bar.initial = self._bar.n = step
-            self._bar.set_description(self._desc, refresh=False)
-            self._bar.set_postfix(self.figures(metrics), refresh=False)
-            self._bar.refresh()
-            return
-        if step > self._bar.n:
-            self._bar.update(step - self._bar.n)
-        else:
-            self._bar.refresh()
-
-    def write(self, message: str) -> None:
-        """Prints a line above the bar without breaking it."""
-        if not self._bar.disable:
-            self._bar.write(message, file=self._bar.fp)
-
-    def close(self) -> None:
-        self._bar.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -29,6 +29,7 @@ def fail(message: str):
     raise TrainingError(message)
 
 
+REPORT_TO = ("none", "tensorboard", "wandb")
 CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind", "optimizer")
 """Names taken in any case (OpenR writes `APPO`): lower-cased before they are checked."""
 
@@ -112,6 +113,16 @@ def validate_values(config) -> None:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     if c.optimizer not in state_lib.OPTIMIZERS:
         fail(f"unknown optimizer {c.optimizer!r}; expected one of {', '.join(state_lib.OPTIMIZERS)}")
+    sinks = [n.strip().lower() for n in str(c.report_to).split(",") if n.strip()]
+    if not sinks or [n for n in sinks if n not in REPORT_TO] or ("none" in sinks and len(sinks) > 1):
+        fail(f"report_to={c.report_to!r}: expected 'none' or a comma-separated list of {', '.join(REPORT_TO[1:])}")
+    if "wandb" in sinks:
+        import importlib.util
+
+        if c.wandb_mode not in ("offline", "online"):
+            fail(f"wandb_mode={c.wandb_mode!r}: expected 'offline' or 'online'")
+        if importlib.util.find_spec("wandb") is None:
+            fail(f"report_to={c.report_to!r} includes wandb, which is not installed: pip install -e '.[wandb]'")
     if c.kl_kind not in update_lib.losses.KL_KINDS:
         fail(f"unknown kl_kind {c.kl_kind!r}; expected one of {', '.join(update_lib.losses.KL_KINDS)}")
     if c.dataset_path and c.dataset_name == "arithmetic":

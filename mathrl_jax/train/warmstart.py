@@ -17,8 +17,8 @@ from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
 from mathrl_jax.train.codec import TextCodec
 from mathrl_jax.train.evaluation import evaluate
-from mathrl_jax.train.metrics import Progress
 from mathrl_jax.train.problems import encode_prompts
+from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.validation import fail
 
 

@@ -15,7 +15,7 @@ import torch
 import transformers
 from flax import nnx, serialization
 
-from mathrl_jax.models import hf, tiny, value_head
+from mathrl_jax.models import hf, safetensors_io, tiny, value_head
 from mathrl_jax.models.hf_config import load_config
 from tests.models.conftest import padded_batch, torch_logits
 
@@ -120,11 +120,11 @@ def checkpoint_copy(hf_checkpoints, tmp_path):
 def _rewrite_tensors(directory, edit):
     """Rewrites model.safetensors after `edit(dict of name -> array)`."""
     path = os.path.join(directory, "model.safetensors")
-    file = hf.SafetensorsFile(path)
+    file = safetensors_io.SafetensorsFile(path)
     tensors = {name: np.array(file.get(name)) for name in file.keys()}
     del file
     edit(tensors)
-    hf._write_safetensors(path, tensors)
+    safetensors_io._write_safetensors(path, tensors)
 
 
 def test_missing_tensor_is_named(checkpoint_copy):

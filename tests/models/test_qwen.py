@@ -8,6 +8,17 @@ import torch
 from flax import nnx
 
 from mathrl_jax.models import hf, qwen
+from mathrl_jax.models.attention import (
+    ATTENTION_BLOCK,
+    ATTENTION_MAX_BLOCKS,
+    attention_block_size,
+    auto_attention,
+    causal_attention,
+    default_positions,
+    full_attention,
+    full_sequence_attention,
+    grouped_attention,
+)
 from mathrl_jax.models.hf_config import config_from_dict
 from tests.models.conftest import VARIANTS, padded_batch, torch_logits
 
@@ -71,7 +82,7 @@ def test_kv_cache_decoding_matches_full_forward_at_every_position(hf_checkpoints
     prompt_length, total = 6, 10
     full_logits, _ = model(jnp.asarray(ids), attention_mask=jnp.asarray(mask))
 
-    positions = np.asarray(qwen.default_positions(jnp.asarray(mask)))
+    positions = np.asarray(default_positions(jnp.asarray(mask)))
     cache = qwen.init_cache(config, batch=2, max_length=total)
     cache_mask = np.zeros((2, total), np.int32)
     cache_mask[:, :prompt_length] = mask[:, :prompt_length]
@@ -248,7 +259,7 @@ def _random_attention_inputs(seed, batch=3, length=23, heads=4, kv_heads=2, dim=
     segments[0, 9:] = 1  # row 0 packs three sequences
     segments[0, 17:] = 2
     ids = jnp.zeros((batch, length), jnp.int32)
-    _, allowed = qwen.full_sequence_attention(ids, jnp.asarray(mask), segment_ids=jnp.asarray(segments))
+    _, allowed = full_sequence_attention(ids, jnp.asarray(mask), segment_ids=jnp.asarray(segments))
     return q, k, v, allowed
 
 
@@ -268,12 +279,12 @@ def test_causal_attention_equals_the_unblocked_attention(block_size):
     def loss(attention, q, k, v):
         return jnp.sum(attention(q, k, v, allowed) * weights)
 
-    blocked = lambda q, k, v, a: qwen.causal_attention(q, k, v, a, block_size=block_size)
+    blocked = lambda q, k, v, a: causal_attention(q, k, v, a, block_size=block_size)
     out_blocked = jax.jit(blocked)(q, k, v, allowed)
-    out_plain = jax.jit(qwen.grouped_attention)(q, k, v, allowed)
+    out_plain = jax.jit(grouped_attention)(q, k, v, allowed)
     np.testing.assert_allclose(np.where(readable, out_blocked, 0), np.where(readable, out_plain, 0), atol=1e-5)
     grads_blocked = jax.jit(jax.grad(lambda *x: loss(blocked, *x), argnums=(0, 1, 2)))(q, k, v)
-    grads_plain = jax.jit(jax.grad(lambda *x: loss(qwen.grouped_attention, *x), argnums=(0, 1, 2)))(q, k, v)
+    grads_plain = jax.jit(jax.grad(lambda *x: loss(grouped_attention, *x), argnums=(0, 1, 2)))(q, k, v)
     for name, a, b in zip("qkv", grads_blocked, grads_plain):
         assert float(jnp.max(jnp.abs(b))) > 1e-2, name  # a gradient that says something
         np.testing.assert_allclose(a, b, atol=2e-5, err_msg=f"d loss / d {name}")
@@ -282,10 +293,10 @@ def test_causal_attention_equals_the_unblocked_attention(block_size):
 def test_causal_attention_in_bfloat16_stays_close_to_float32():
     q, k, v, allowed = _random_attention_inputs(seed=9)
     readable = np.asarray(jnp.any(allowed, axis=-1))
-    plain = jax.jit(qwen.grouped_attention)
+    plain = jax.jit(grouped_attention)
     exact = np.asarray(plain(q, k, v, allowed))[readable]
     half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
-    out = jax.jit(lambda q, k, v, a: qwen.causal_attention(q, k, v, a, block_size=8))(*half, allowed)
+    out = jax.jit(lambda q, k, v, a: causal_attention(q, k, v, a, block_size=8))(*half, allowed)
     assert out.dtype == jnp.bfloat16
     reference_half = np.asarray(plain(*half, allowed), np.float32)[readable]
     ours = np.abs(np.asarray(out, np.float32)[readable] - exact).max()
@@ -296,16 +307,16 @@ def test_causal_attention_in_bfloat16_stays_close_to_float32():
 def test_causal_attention_rejects_bad_inputs():
     q, k, v, allowed = _random_attention_inputs(seed=10)
     with pytest.raises(ValueError, match="block_size=0"):
-        qwen.causal_attention(q, k, v, allowed, block_size=0)
+        causal_attention(q, k, v, allowed, block_size=0)
     with pytest.raises(AssertionError):
-        qwen.causal_attention(q, k, v, allowed[:, :, :-1])
+        causal_attention(q, k, v, allowed[:, :, :-1])
 
 
 @pytest.mark.parametrize("length", [1, 63, 64, 256, 513, 4096, 5000])
 def test_attention_block_size_bounds_the_number_of_blocks(length):
-    block = qwen.attention_block_size(length)
-    assert block >= qwen.ATTENTION_BLOCK
-    assert -(-length // block) <= qwen.ATTENTION_MAX_BLOCKS
+    block = attention_block_size(length)
+    assert block >= ATTENTION_BLOCK
+    assert -(-length // block) <= ATTENTION_MAX_BLOCKS
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", [(jnp.float32, 2e-5, 0), (jnp.bfloat16, 3e-2, 2e-2)])
@@ -319,7 +330,7 @@ def test_dot_product_attention_equals_the_blocked_attention(dtype, atol, rtol):
     weights = jnp.asarray(np.random.RandomState(12).normal(size=q.shape), dtype) * readable
 
     def run(implementation):
-        attend = lambda q, k, v: qwen.full_attention(q, k, v, allowed, implementation)  # noqa: E731
+        attend = lambda q, k, v: full_attention(q, k, v, allowed, implementation)  # noqa: E731
         out = jax.jit(attend)(q, k, v)
         grads = jax.jit(jax.grad(lambda *x: jnp.sum((attend(*x) * weights).astype(jnp.float32)), argnums=(0, 1, 2)))
         return np.where(readable, np.asarray(out, np.float32), 0), [np.asarray(g, np.float32) for g in grads(q, k, v)]
@@ -350,7 +361,7 @@ def test_dot_product_attention_equals_the_blocked_attention(dtype, atol, rtol):
     ],
 )
 def test_auto_attention_picks_the_fused_kernel_only_where_it_runs(backend, dtype, head_dim, capability, expected):
-    assert qwen.auto_attention(backend, dtype, head_dim, capability) == expected
+    assert auto_attention(backend, dtype, head_dim, capability) == expected
 
 
 def test_the_model_with_dot_product_attention_gives_the_blocked_models_logits(hf_checkpoints):

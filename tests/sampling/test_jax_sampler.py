@@ -13,7 +13,8 @@ from scipy import stats
 from mathrl_jax import sharding as S
 from mathrl_jax.models import QwenForCausalLM, char_tokenizer, tiny_config
 from mathrl_jax.sampling import JaxSampler, Rollouts, SamplingParams, filter_logits
-from mathrl_jax.sampling.jax_sampler import SamplerMemoryError, decode, prefill
+from mathrl_jax.sampling.decoding import decode, prefill
+from mathrl_jax.sampling.jax_sampler import SamplerMemoryError
 
 CONFIG = tiny_config(num_hidden_layers=2)
 PROMPTS = [[5, 17, 33, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13]]

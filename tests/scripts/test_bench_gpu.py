@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from mathrl_jax.models import hf, qwen, tiny_config
+from mathrl_jax.models import attention, hf, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")
@@ -157,4 +157,4 @@ def test_the_attention_choices_are_the_models():
         import bench_gpu
     finally:
         sys.path.remove(os.path.dirname(SCRIPT))
-    assert bench_gpu.ATTENTION_IMPLEMENTATIONS == qwen.ATTENTION_IMPLEMENTATIONS
+    assert bench_gpu.ATTENTION_IMPLEMENTATIONS == attention.ATTENTION_IMPLEMENTATIONS

@@ -352,6 +352,38 @@ def fill_hub_cache(cache, repo_id, revision="0123456789abcdef0123456789abcdef012
     return repo / "snapshots" / revision
 
 
+def fill_hub_dataset_cache(cache, repo_id, problems, revision="89abcdef0123456789abcdef0123456789abcdef"):
+    """A dataset repository as `hf download --repo-type dataset` leaves it in the cache: test.jsonl (MATH-500's
+    layout and file name) in snapshots/<revision>/, refs/main naming that revision."""
+    snapshot = cache / f"datasets--{repo_id.replace('/', '--')}" / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    with open(snapshot / "test.jsonl", "w") as f:
+        for i, (question, answer) in enumerate(problems):
+            f.write(json.dumps({"problem": question, "answer": answer, "unique_id": f"p{i}"}) + "\n")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def test_a_dataset_named_by_hub_id_is_found_in_the_local_cache_offline(tmp_path, monkeypatch):
+    """`--config.dataset_path=org/name` reads that dataset repository's snapshot from the local Hub cache (offline);
+    one the cache lacks is refused, before anything is written, with the command that fetches it."""
+    cache = tmp_path / "hub"
+    problems = [(f"{a}+{b}=", str(a + b)) for a in range(1, 9) for b in range(1, 9)]
+    snapshot = fill_hub_dataset_cache(cache, "tiny-org/tiny-sums", problems)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.num_iterations=1", "--config.dataset_name=math500"]
+    done = run_train(tmp_path / "run", "--config.dataset_path=tiny-org/tiny-sums", *short)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert os.path.samefile(saved["dataset_path"], snapshot)
+    missing = run_train(tmp_path / "run2", "--config.dataset_path=tiny-org/not-downloaded", *short)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
+    assert "hf download tiny-org/not-downloaded --repo-type dataset" in missing.stderr
+    assert not (tmp_path / "run2").exists()
+
+
 def test_a_model_named_by_hub_id_is_found_in_the_local_cache_offline(tmp_path, monkeypatch):
     """`--config.model_name_or_path=org/name` resolves through the local Hub cache (offline: HF_HUB_OFFLINE=1, and
     a run never downloads); an id the cache lacks is refused with how to fetch it."""

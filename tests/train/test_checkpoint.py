@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mathrl_jax import sharding as S
-from mathrl_jax.train.checkpoint import Checkpointer, CheckpointError
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint_errors import CheckpointError
 from tests.train.ckpt_kill_worker import make_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mathrl_jax.train import checksums
-from mathrl_jax.train.checkpoint import Checkpointer, CheckpointError, CorruptCheckpointError
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError
 
 
 def make_state(step):

@@ -22,15 +22,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tensorboardX.proto import event_pb2
 
+from mathrl_jax.train.metric_names import METRIC_NAMES, documented_name
 from mathrl_jax.train.metrics import (
-    METRIC_NAMES,
     RESERVED_KEYS,
     MetricsLogger,
-    Progress,
-    documented_name,
     pass_at_k,
     read_jsonl_metrics,
 )
+from mathrl_jax.train.progress import Progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOT_SCRIPT = os.path.join(ROOT, "scripts", "plot_metrics.py")

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
-from mathrl_jax.models.qwen import default_positions
+from mathrl_jax.models.attention import default_positions
 from mathrl_jax.train import packing
 from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn, packed_inputs, unpack
 from mathrl_jax.train.state import create_train_state

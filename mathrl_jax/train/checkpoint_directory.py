@@ -1,0 +1,178 @@
+"""A checkpoint directory for `train.checkpoint`: the Orbax `CheckpointManager` over it (with its rotation policy),
+its complete steps, the state metadata and JSON metadata of a saved step, and its life cycle.
+
+`Checkpointer` saves and restores through it; the layout of a step directory is in `train.checkpoint`'s docstring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError
+from mathrl_jax.train.checkpoint_tree import _named
+
+if TYPE_CHECKING:
+    from typing import Self  # Python >= 3.11; annotations only
+
+STATE_ITEM = "state"
+METADATA_ITEM = "metadata"
+CHECKSUMS_ITEM = "checksums"
+
+
+class CheckpointDirectory:
+    """The directory side of `Checkpointer` (its base class; the arguments are documented there): the Orbax manager,
+    the steps it holds, reading a step's metadata, and closing it."""
+
+    def __init__(
+        self, directory: str, *, save_interval: int, max_to_keep: int | None = 3, async_save: bool = True
+    ) -> None:
+        if isinstance(save_interval, bool) or not isinstance(save_interval, (int, np.integer)) or save_interval < 0:
+            raise ValueError(f"save_interval={save_interval!r}: expected an int >= 0 (0: only forced saves)")
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, (int, np.integer)) or max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep={max_to_keep!r}: expected an int >= 1, or None to keep every step")
+        directory = os.fspath(directory)
+        if "://" not in directory:  # a local path; gs://... and other URLs are left to Orbax (etils.epath)
+            directory = os.path.abspath(os.path.expanduser(directory))
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(f"checkpoint directory {directory!r} exists and is not a directory")
+        self.directory = directory
+        self.save_interval = int(save_interval)
+        self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
+        self.async_save = bool(async_save)
+        self._corrupt: set[int] = set()  # steps `restore` found corrupt: never restored, removed at the next save
+        self._verified: int | None = None  # the newest step whose checksums `restore` verified: rotation keeps it
+        self.restored_step: int | None = None  # the step the last `restore` returned (an older one on a fallback)
+        policies = ocp.checkpoint_managers
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=max(self.save_interval, 1),
+            # The newest `max_to_keep` steps, and the last verified one however old: were the newer ones damaged,
+            # a resume would still find an intact step.
+            preservation_policy=policies.AnyPreservationPolicy(
+                [policies.LatestN(n=self.max_to_keep), _KeepStep(lambda: self._verified)]
+            ),
+            enable_async_checkpointing=self.async_save,
+            cleanup_tmp_directories=True,  # remove the tmp dirs of writes that a crash interrupted
+            create=True,
+        )
+        # Handlers named up front, so that a fresh manager can read the metadata of steps it did not write.
+        handlers = {
+            STATE_ITEM: ocp.StandardCheckpointHandler(),
+            METADATA_ITEM: ocp.JsonCheckpointHandler(),
+            CHECKSUMS_ITEM: ocp.JsonCheckpointHandler(),
+        }
+        self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+        self._closed = False
+
+    # ---- steps ----
+
+    def all_steps(self) -> list[int]:
+        """The complete (finalized) steps in the directory, ascending; includes a save still being written."""
+        return sorted(int(s) for s in self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when the directory holds none."""
+        step = self._manager.latest_step()
+        return None if step is None else int(step)
+
+    def reload(self) -> None:
+        """Re-reads the step list from disk (for a reader of a directory that another job writes)."""
+        self._manager.reload()
+
+    # ---- restore ----
+
+    def _resolve_step(self, step: int | None) -> int:
+        self.wait_until_finished()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+        if step is None:
+            return steps[-1]
+        step = _check_step(step)
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; the steps there are {steps}")
+        return step
+
+    def saved_shapes(self, step: int | None = None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """{key: (shape, dtype)} of the state saved at `step` (default: the latest), read from its metadata."""
+        step = self._resolve_step(step)
+        return {name: (tuple(m.shape), np.dtype(m.dtype)) for name, m in _named(self._saved_tree(step)).items()}
+
+    def _saved_tree(self, step: int) -> Any:
+        """The tree of Orbax's array or scalar metadata of the state saved at `step` (lists for tuples)."""
+        where = os.path.join(self.directory, str(step))
+        try:
+            tree = self._manager.metadata(step).item_metadata[STATE_ITEM]
+        except Exception as e:  # Orbax raises several unrelated types for unreadable metadata
+            raise CorruptCheckpointError(f"cannot read the state metadata of checkpoint {where}: {e}") from e
+        tree = getattr(tree, "tree", tree)
+        if tree is None:
+            raise CheckpointError(f"checkpoint {where} has no '{STATE_ITEM}' item; it was not written by Checkpointer")
+        return tree
+
+    def read_metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON metadata saved with `step` (default: the latest), without reading the arrays."""
+        self._check_open()
+        step = self._resolve_step(step)
+        args = ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()})
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # re-raised with the directory and step named
+            raise CheckpointError(f"cannot read the metadata of checkpoint {self.directory}/{step}: {e}") from e
+        return dict(restored[METADATA_ITEM] or {})
+
+    # ---- life cycle ----
+
+    def wait_until_finished(self) -> None:
+        """Blocks until a background save is written and finalized (raises its error, if any)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the pending save, then releases the manager; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._manager.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"the Checkpointer of {self.directory} is closed")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpointer({self.directory!r}, save_interval={self.save_interval}, "
+            f"max_to_keep={self.max_to_keep}, async_save={self.async_save})"
+        )
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise CheckpointError(f"step={step!r}: expected an int >= 0")
+    return int(step)
+
+
+class _KeepStep:
+    """An Orbax preservation policy that keeps the step `step()` names (None: none), whatever the other policies say.
+
+    Orbax's `max_to_keep` alone keeps the newest steps: after a resume from an older step because the newer ones
+    were damaged, saving would rotate the one step known to be intact out. See
+    `orbax.checkpoint.checkpoint_managers.PreservationPolicy`.
+    """
+
+    def __init__(self, step: Callable[[], int | None]) -> None:
+        self._step = step
+
+    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+        keep = self._step()
+        return [info.step == keep for info in checkpoints]
