@@ -11,9 +11,46 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import uuid
 from typing import IO, Any, Callable, Iterator
+
+
+def _unique() -> str:
+    """This writer's part of a temporary name: host, pid (to find it again) and a random tail."""
+    return f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+
+
+def remove_stale_temporaries(directory: str, name: str) -> None:
+    """Removes the temporaries of `name` that a writer on this host left when it was killed (its pid is gone):
+    a killed export would otherwise leave a whole model's copy behind at every try."""
+    pattern = re.compile(rf"^\.{re.escape(name)}\.{re.escape(socket.gethostname())}\.(\d+)\.[0-9a-f]{{12}}\.(tmp|old)$")
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        found = pattern.match(entry)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        stale = os.path.join(directory, entry)
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -26,7 +63,8 @@ def atomic_write(path: str, mode: str = "w", encoding: str | None = "utf-8") -> 
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode {mode!r}; expected 'w' or 'wb'")
     directory, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    remove_stale_temporaries(directory, name)
+    temporary = os.path.join(directory, f".{name}.{_unique()}.tmp")
     binary = mode == "wb"
     try:
         with open(temporary, "xb" if binary else "x", encoding=None if binary else encoding) as f:
@@ -59,7 +97,8 @@ def write_directory(
     directory = os.path.abspath(directory)
     parent, name = os.path.split(directory)
     os.makedirs(parent, exist_ok=True)
-    unique = f"{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    remove_stale_temporaries(parent, name)
+    unique = _unique()
     temporary, aside = os.path.join(parent, f".{name}.{unique}.tmp"), os.path.join(parent, f".{name}.{unique}.old")
     os.mkdir(temporary)
     moved = False

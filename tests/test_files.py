@@ -80,3 +80,24 @@ def test_a_directory_is_replaced_whole_or_kept(tmp_path):
     with pytest.raises(Planted):
         files.write_directory(str(target), lambda d: None, check_existing=refuse)
     assert os.listdir(target) == ["v2"] and os.listdir(tmp_path) == ["model"]
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_writer(tmp_path):
+    """A writer killed mid-write leaves its temporary (a whole model's copy for an export); the next writer of that
+    name removes it, and never a live writer's."""
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale_dir = tmp_path / f".model.{host}.{int(dead.stdout)}.{'a' * 12}.tmp"
+    stale_dir.mkdir()
+    (stale_dir / "model.safetensors").write_bytes(b"half")
+    stale_file = tmp_path / f".record.json.{host}.{int(dead.stdout)}.{'b' * 12}.tmp"
+    stale_file.write_text("{")
+    live = tmp_path / f".model.{host}.{os.getpid()}.{'c' * 12}.tmp"
+    live.mkdir()
+    files.write_directory(str(tmp_path / "model"), lambda d: open(os.path.join(d, "v1"), "w").close())
+    files.write_json(str(tmp_path / "record.json"), {"a": 1})
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, "model", "record.json"])

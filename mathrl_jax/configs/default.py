@@ -58,8 +58,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- data --------------------------------------------------------------------------
     config.dataset_name = "arithmetic"  # arithmetic, or a layout: auto math500 gsm8k areal_boba
-    config.dataset_path = ""  # JSONL / parquet / datasets dir (not for arithmetic)
+    config.dataset_path = ""  # JSONL / parquet / datasets dir / a dataset's Hub id in the local cache
     config.eval_dataset_path = ""  # "" = a held-out split of the training source
+    # The split of a dataset folder or Hub dataset that holds several ("train", "test"); "" for one that holds one
+    config.dataset_split = ""
+    config.eval_dataset_split = ""
     config.arithmetic = ml_collections.ConfigDict(
         {"levels": (2,), "num_train": 8000, "num_eval": 500, "question_format": "{expr}="}
     )

@@ -101,7 +101,11 @@ def _pick_split(dataset: Any, split: str | None, path: str) -> Any:
         names = sorted(dataset)
         if split is None:
             if len(names) != 1:
-                raise DataError(f"several splits {names}: pass split= one of them", path=path)
+                raise DataError(
+                    f"several splits {names}: pass split= one of them (train.py: --config.dataset_split, "
+                    "--config.eval_dataset_split)",
+                    path=path,
+                )
             split = names[0]
         if split not in dataset:
             raise DataError(f"no split {split!r}; the splits are {names}", path=path)

@@ -63,7 +63,7 @@ def _snapshot(name: str, what: str, repo_type: str, missing: str) -> str:
 
     try:
         return snapshot_download(name, repo_type=repo_type, cache_dir=cache, local_files_only=True)
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as error:
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as error:  # ValueError: a malformed id
         fetch = f"hf download {name}" + (" --repo-type dataset" if repo_type == "dataset" else "")
         local = "local directory" if repo_type == "model" else "local path"
         raise HubModelError(

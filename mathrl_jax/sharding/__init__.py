@@ -8,6 +8,7 @@ from mathrl_jax.sharding.rules import (
     constrain_batch,
     constrain_heads,
     loader_sharding_fn,
+    optimizer_state_shardings,
     path_string,
     qwen_rules,
     shard_tree,

@@ -117,6 +117,23 @@ def shard_tree(tree: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
     return distributed.put(tree, tree_shardings(tree, mesh, rules))
 
 
+def optimizer_state_shardings(opt_state: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
+    """NamedShardings of an optimizer state: a leaf shaped like its parameter (AdamW's moments) takes the
+    parameter's rule; a leaf of lower rank than that rule (Adafactor's factored row and column moments, its
+    placeholders) is replicated: it is a vector of one side of the matrix, small beside the matrix itself."""
+
+    def sharding(path, leaf):
+        name, shape = path_string(path), np.shape(leaf)
+        try:
+            return NamedSharding(mesh, spec_for(name, shape, rules, mesh))
+        except ShardingRuleError:
+            if any(re.search(pattern, name) and len(spec) > len(shape) for pattern, spec in rules):
+                return NamedSharding(mesh, P())
+            raise
+
+    return jax.tree_util.tree_map_with_path(sharding, opt_state)
+
+
 def sharded_init(init_fn: Callable[[], Any], mesh: jax.sharding.Mesh, rules: Rules) -> Any:
     """Runs `init_fn` under jit with each output leaf created directly in its sharding.
 

@@ -369,6 +369,7 @@ RESUME_MAY_CHANGE = (
     "eval_n_samples",
     "num_eval_problems",
     "eval_dataset_path",
+    "eval_dataset_split",
     "log_interval",
     "num_logged_samples",
     "save_interval",
@@ -461,11 +462,14 @@ def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainStat
     def put(tree):
         return None if tree is None else sharding.shard_tree(tree, mesh, rules)
 
+    def put_optimizer_state(tree):
+        return None if tree is None else distributed.put(tree, sharding.optimizer_state_shardings(tree, mesh, rules))
+
     return state.replace(
         params=put(state.params),
-        opt_state=put(state.opt_state),
+        opt_state=put_optimizer_state(state.opt_state),
         critic_params=put(state.critic_params),
-        critic_opt_state=put(state.critic_opt_state),
+        critic_opt_state=put_optimizer_state(state.critic_opt_state),
         **{
             k: distributed.put(getattr(state, k), replicated)
             for k in ("step", "rng", "policy_version", "skipped_updates")

@@ -156,7 +156,7 @@ class MetricsLogger:
         if wandb is not None:
             from mathrl_jax.train.wandb_writer import WandbWriter
 
-            self._wandb = WandbWriter(self.logdir, **wandb)
+            self._wandb = WandbWriter(self.logdir, resumed=bool(self.resumed_from), **wandb)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Records `metrics` (name -> real scalar: Python, NumPy or jax) at `step`."""

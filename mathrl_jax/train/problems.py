@@ -46,11 +46,11 @@ def load_data(config):
     subject = config.dataset_name if config.dataset_name in sources.MATH_SUBJECTS else None
     layout = "auto" if subject else config.dataset_name
     try:
-        problems = sources.load_problems(config.dataset_path, layout)
+        problems = sources.load_problems(config.dataset_path, layout, split=config.dataset_split or None)
         if subject:
             problems = _keep_subject(problems, subject, config.dataset_path)
         if config.eval_dataset_path:
-            held_out = sources.load_problems(config.eval_dataset_path, layout)
+            held_out = sources.load_problems(config.eval_dataset_path, layout, split=config.eval_dataset_split or None)
             if subject:
                 held_out = _keep_subject(held_out, subject, config.eval_dataset_path)
         else:

@@ -118,7 +118,10 @@ def make_optimizer(
     12.3 GB of state fall to a few MB, which is what lets that model's update run on a 24 GB machine. It is
     Hugging Face's `Adafactor(scale_parameter=False, relative_step=False)` in optax's parts: an absolute learning
     rate (no parameter-scale multiplication), updates clipped to RMS 1, decay rate 0.8; `weight_decay` decoupled
-    and scaled by the learning rate, as in AdamW. `b1`, `b2` and `eps` are AdamW's.
+    and scaled by the learning rate, as in AdamW. One difference: optax factors a matrix only when both its sides
+    are >= 128 (`scale_by_factored_rms`' default), Hugging Face every matrix; a smaller one keeps a full second
+    moment. The moments take the params' dtype (float32 master weights: float32). `b1`, `b2` and `eps` are
+    AdamW's. The supervised warm-start keeps AdamW whatever this says.
 
     The learning rate follows `learning_rate_schedule(learning_rate, schedule=..., warmup_steps=...,
     total_steps=..., end_factor=...)`; `max_grad_norm` None or 0 clips nothing. With `return_schedule`,

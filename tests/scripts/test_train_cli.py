@@ -352,32 +352,38 @@ def fill_hub_cache(cache, repo_id, revision="0123456789abcdef0123456789abcdef012
     return repo / "snapshots" / revision
 
 
-def fill_hub_dataset_cache(cache, repo_id, problems, revision="89abcdef0123456789abcdef0123456789abcdef"):
-    """A dataset repository as `hf download --repo-type dataset` leaves it in the cache: test.jsonl (MATH-500's
-    layout and file name) in snapshots/<revision>/, refs/main naming that revision."""
+def fill_hub_dataset_cache(cache, repo_id, splits, revision="89abcdef0123456789abcdef0123456789abcdef"):
+    """A dataset repository as `hf download --repo-type dataset` leaves it in the cache: one `<split>.jsonl` per
+    split (MATH-500's layout) in snapshots/<revision>/, refs/main naming that revision."""
     snapshot = cache / f"datasets--{repo_id.replace('/', '--')}" / "snapshots" / revision
     snapshot.mkdir(parents=True)
-    with open(snapshot / "test.jsonl", "w") as f:
-        for i, (question, answer) in enumerate(problems):
-            f.write(json.dumps({"problem": question, "answer": answer, "unique_id": f"p{i}"}) + "\n")
+    for split, problems in splits.items():
+        with open(snapshot / f"{split}.jsonl", "w") as f:
+            for i, (question, answer) in enumerate(problems):
+                f.write(json.dumps({"problem": question, "answer": answer, "unique_id": f"{split}{i}"}) + "\n")
     (snapshot.parent.parent / "refs").mkdir()
     (snapshot.parent.parent / "refs" / "main").write_text(revision)
     return snapshot
 
 
 def test_a_dataset_named_by_hub_id_is_found_in_the_local_cache_offline(tmp_path, monkeypatch):
-    """`--config.dataset_path=org/name` reads that dataset repository's snapshot from the local Hub cache (offline);
-    one the cache lacks is refused, before anything is written, with the command that fetches it."""
+    """`--config.dataset_path=org/name` reads that dataset repository's snapshot from the local Hub cache (offline),
+    its train split for training and its test split for evaluation; one the cache lacks is refused, before anything
+    is written, with the command that fetches it."""
     cache = tmp_path / "hub"
-    problems = [(f"{a}+{b}=", str(a + b)) for a in range(1, 9) for b in range(1, 9)]
-    snapshot = fill_hub_dataset_cache(cache, "tiny-org/tiny-sums", problems)
+    sums = [(f"{a}+{b}=", str(a + b)) for a in range(1, 9) for b in range(1, 9)]
+    snapshot = fill_hub_dataset_cache(cache, "tiny-org/tiny-sums", {"train": sums[:48], "test": sums[48:]})
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.num_iterations=1", "--config.dataset_name=math500"]
-    done = run_train(tmp_path / "run", "--config.dataset_path=tiny-org/tiny-sums", *short)
+    both = ["--config.dataset_path=tiny-org/tiny-sums", "--config.eval_dataset_path=tiny-org/tiny-sums"]
+    unsplit = run_train(tmp_path / "run0", *both, *short)
+    assert unsplit.returncode == 2 and "--config.dataset_split" in unsplit.stderr, unsplit.stderr[-2000:]
+    splits = ["--config.dataset_split=train", "--config.eval_dataset_split=test"]
+    done = run_train(tmp_path / "run", *both, *splits, *short)
     assert done.returncode == 0, done.stderr[-3000:]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert os.path.samefile(saved["dataset_path"], snapshot)
+    assert os.path.samefile(saved["dataset_path"], snapshot) and os.path.samefile(saved["eval_dataset_path"], snapshot)
     missing = run_train(tmp_path / "run2", "--config.dataset_path=tiny-org/not-downloaded", *short)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
     assert "hf download tiny-org/not-downloaded --repo-type dataset" in missing.stderr

@@ -360,6 +360,18 @@ def test_scanned_layers_train_as_unrolled_ones(algorithm, model_dir, tmp_path):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
 
 
+def test_adafactor_trains_the_policy_and_the_critic_on_a_sharded_mesh(model_dir, tmp_path):
+    """The optimizer users pick for memory, through the trainer: its factored moments (vectors under each kernel's
+    path) are placed on the mesh (they failed the kernels' two-axis rules), and a PPO run learns with it."""
+    settings = dict(num_iterations=2, algorithm_name="ppo", optimizer="adafactor", lr=1e-3)
+    settings.update({"mesh.dp": 4, "mesh.fsdp": 2, **ALGORITHM_SETTINGS["ppo"]})
+    _, history = run_and_record(small_config(model_dir, tmp_path / "run", **settings))
+    assert len(history) >= 2
+    for _, metrics in history:
+        assert np.isfinite(metrics["train/policy_loss"]) and np.isfinite(metrics["train/value_loss"])
+        assert metrics["train/skipped_updates"] == 0
+
+
 @pytest.mark.parametrize("case", ["step tag of two tokens", "mistral prm"])
 def test_a_prm_that_cannot_serve_stops_the_run_before_anything_is_written(case, model_dir, tmp_path):
     import json

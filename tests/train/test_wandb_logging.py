@@ -119,3 +119,18 @@ def test_wandb_without_the_package_or_with_an_unknown_sink_is_refused(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and "report_to='tensorboard,comet'" in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_fresh_start_gets_its_own_wandb_run_and_a_resume_continues_it(tmp_path, monkeypatch):
+    """The same run directory started over is another wandb run (wandb would drop its steps below the old run's
+    last); resumed, the same one."""
+    from mathrl_jax.train.metrics import MetricsLogger
+
+    monkeypatch.chdir(tmp_path)
+    ids = []
+    for resumed_from in (None, None, 3):
+        settings = dict(tensorboard=False, wandb=dict(project="t"), resumed_from=resumed_from)
+        with MetricsLogger(str(tmp_path / "run"), **settings):
+            pass
+        ids.append((tmp_path / "run" / "wandb" / "run_id").read_text())
+    assert ids[0] != ids[1] and ids[1] == ids[2]
