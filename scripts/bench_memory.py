@@ -1,9 +1,8 @@
 """Memory and compile time of one GRPO update step at a real shape, and one real step where it fits.
 
 The update is the trainer's (`train.update.make_update_fn`: float32 master params, bfloat16 compute, remat, the
-state donated) on `--rows`
-x `--length` tokens at a model shape of `bench_sampler.SHAPES` (random weights, Qwen's 151,936-token
-vocabulary). Four variants are compiled from abstract shapes, so nothing is allocated:
+state donated) on `--rows` x `--length` tokens at a model shape of `bench_sampler.SHAPES` (random weights, Qwen's
+151,936-token vocabulary). Four variants are compiled from abstract shapes, so nothing is allocated:
 
 - `adamw`, layers unrolled: the baseline (the default settings);
 - `adamw`, layers scanned (`scan_layers=True`): what compiling one layer saves in time, and costs or saves in

@@ -28,7 +28,7 @@ from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.codec import TextCodec
 from mathrl_jax.train.collect import SerialGrader
-from mathrl_jax.train.metrics import MetricsLogger
+from mathrl_jax.train.metrics import MetricsLogger, report_sinks
 from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
@@ -169,7 +169,7 @@ def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 def report_to(config) -> Tuple[str, ...]:
     """The metric sinks `config.report_to` names ("none": the JSONL file alone), checked by `validation`."""
-    names = tuple(n.strip().lower() for n in str(config.report_to).split(",") if n.strip())
+    names = report_sinks(config.report_to)
     return () if names == ("none",) else names
 
 
@@ -313,6 +313,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     distributed.on_main_process("config.json", lambda: _write_config(config, run_dir))
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
+    sinks = report_to(config)
     return Run(
         reward_fn=reward_fn,
         reward_functions=functions,
@@ -335,8 +336,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         checkpointer=checkpointer,
         logger=MetricsLogger(
             run_dir,
-            tensorboard="tensorboard" in report_to(config),
-            wandb=wandb_settings(config) if "wandb" in report_to(config) else None,
+            tensorboard="tensorboard" in sinks,
+            wandb=wandb_settings(config) if "wandb" in sinks else None,
             resumed_from=start_iteration,
         ),
         mesh=mesh,

@@ -72,6 +72,14 @@ def _host_scalar(name: str, value: Any) -> Any:
     raise TypeError(f"metric {name!r} is a {type(value).__name__} ({value!r:.40}); expected a real number")
 
 
+REPORT_TO = ("none", "tensorboard", "wandb")
+
+
+def report_sinks(report_to: str) -> tuple[str, ...]:
+    """The names in a `report_to` value ("tensorboard,wandb"), lower-cased; checked by `train.validation`."""
+    return tuple(n.strip().lower() for n in str(report_to).split(",") if n.strip())
+
+
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, int | float]:
     """{name: int or float} of `metrics` (Python, NumPy or jax scalars, one device transfer).
 

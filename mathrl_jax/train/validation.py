@@ -15,6 +15,7 @@ from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.config_help import flat_items
+from mathrl_jax.train.metrics import REPORT_TO, report_sinks
 
 
 class TrainingError(MathRLError, ValueError):
@@ -29,7 +30,6 @@ def fail(message: str):
     raise TrainingError(message)
 
 
-REPORT_TO = ("none", "tensorboard", "wandb")
 CASE_FREE_KEYS = ("algorithm_name", "sampler", "kl_kind", "optimizer")
 """Names taken in any case (OpenR writes `APPO`): lower-cased before they are checked."""
 
@@ -113,7 +113,7 @@ def validate_values(config) -> None:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     if c.optimizer not in state_lib.OPTIMIZERS:
         fail(f"unknown optimizer {c.optimizer!r}; expected one of {', '.join(state_lib.OPTIMIZERS)}")
-    sinks = [n.strip().lower() for n in str(c.report_to).split(",") if n.strip()]
+    sinks = report_sinks(c.report_to)
     if not sinks or [n for n in sinks if n not in REPORT_TO] or ("none" in sinks and len(sinks) > 1):
         fail(f"report_to={c.report_to!r}: expected 'none' or a comma-separated list of {', '.join(REPORT_TO[1:])}")
     if "wandb" in sinks:
