@@ -261,7 +261,7 @@ def step_update(p, record):
     optimizer = make_optimizer(1e-6)
     state = create_train_state(params, optimizer, seed=0)
     batch = jax.device_put(grpo_batch(rows, p["update_prompt"], length, config.vocab_size))
-    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batches=1), donate=True)
+    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batch=1), donate=True)
     start = time.perf_counter()
     compiled = update.lower(state, batch).compile()
     memory = compiled.memory_analysis()
@@ -471,7 +471,7 @@ def step_grpo(p, record):
         iterations = []
         try:  # the loop's own iteration, without train()'s evaluation, checkpoint and export around it
             for i in range(1, c.num_iterations + 1):
-                m = train_iteration(run, i, source)
+                run.state, _, m = train_iteration(run.state, i, source, run.batches, run.update, run.settings)
                 iterations.append({k: m[f"perf/{k}"] for k in ("step_time",) + SPLIT})
                 iterations[-1]["response_tokens"] = m["rollout/response_length"] * c.n_rollout_threads * c.group_size
                 record(iterations=iterations)
@@ -479,7 +479,7 @@ def step_grpo(p, record):
             source.close()
             run.checkpointer.close()
             run.logger.close()
-            run.grader.close()
+            run.rollouts.grader.close()
         steady = iterations[1:] or iterations
         record(
             first_iteration_seconds=iterations[0]["step_time"],

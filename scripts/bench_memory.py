@@ -59,7 +59,7 @@ def update_parts(shape: str, optimizer_name: str, scan_layers: bool, abstract: b
     optimizer = make_optimizer(1e-6, name=optimizer_name)
     make_state = lambda p: create_train_state(p, optimizer, seed=0)  # noqa: E731
     state = jax.eval_shape(make_state, params) if abstract else make_state(params)
-    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batches=1), donate=True)
+    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batch=1), donate=True)
     return update, state, config
 
 

@@ -34,9 +34,10 @@ from flax import nnx
 from mathrl_jax.models import QwenForCausalLM
 from mathrl_jax.models.qwen import QwenConfig
 from mathrl_jax.train import packing
+from mathrl_jax.train.minibatches import with_packing
 from mathrl_jax.train.passes import compute_logprobs_fn
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import UpdateConfig, make_update_fn, with_packing
+from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
 
 def lengths_batch(rows: int, prompt: int, median: int, longest: int, vocab: int, seed: int):
@@ -105,14 +106,14 @@ def main(argv=None):
     graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(args.seed)))
     optimizer = optax.adamw(1e-6)
     state = create_train_state(params, optimizer, seed=args.seed)
-    cfg = UpdateConfig(num_mini_batches=args.mini_batches, micro_batch_size=args.micro_batch)
+    cfg = UpdateConfig(num_mini_batch=args.mini_batches, micro_batch_size=args.micro_batch)
     update = make_update_fn(graphdef, optimizer, cfg, donate=False)
     host, real = lengths_batch(args.rows, args.prompt, args.median, args.longest, args.vocab, args.seed)
     width = host["input_ids"].shape[1]
     padded = {k: jnp.asarray(v) for k, v in host.items()}
     # The loop's plan (train/batch.py `pack_shape`): rows of the batch width, micro-batches of the same tokens.
     shape = dict(row_tokens=width, max_rows_per_micro=args.micro_batch, rows_multiple=1)
-    packed = with_packing(padded, state.rng, epochs=1, num_mini_batches=args.mini_batches, **shape)
+    packed = with_packing(padded, state.rng, ppo_epoch=1, num_mini_batch=args.mini_batches, **shape)
     passes_plan = packing.plan_passes(host["attention_mask"], width, max_rows_per_chunk=args.micro_batch)
     passes_plan = {k: jnp.asarray(v) for k, v in passes_plan.items()}
     logprobs = compute_logprobs_fn(graphdef, chunk_rows=args.micro_batch)

@@ -9,7 +9,9 @@ Run mode. RUN_DIR is a `--config.run_dir` of `scripts/train.py` (it holds
 `mathrl_jax.train.checkpoint.Checkpointer`); the `checkpoints` directory or one
 step directory in it may be given instead. Only the policy parameters are read
 (the `params` part of the saved TrainState; the optimizer state and a critic
-are skipped), on the CPU, with any mesh the run was trained on. The architecture
+are skipped), on the CPU, with any mesh the run was trained on, and checked
+against the checksums saved with them, by the trainer's own restore
+(`Checkpointer.restore(..., partial=True)`, read-only). The architecture
 and tokenizer come from the model the run started from, found as the training
 loop does: `RUN_DIR/warmstart_model` when the run warm-started, else the
 config's `model_name_or_path`, else `RUN_DIR/initial_model` (`--like DIR`
@@ -31,9 +33,9 @@ failed export leaves no partial OUT_DIR. An existing non-empty OUT_DIR is
 refused unless `--force` (which replaces it).
 
 Exit status: 0 on success; 2 for bad input (no run or checkpoint at the path,
-an unknown step, a model that does not match the checkpoint, an OUT_DIR in the
-way), with a one-line message naming the path; 1 for an unreadable or
-mismatched parameter file in parameter-file mode (as before).
+an unknown step, a model that does not match the checkpoint, params that fail
+verification, an OUT_DIR in the way; in parameter-file mode an unreadable or
+mismatched parameter file), with a one-line message naming the path.
 """
 
 from __future__ import annotations
@@ -44,15 +46,19 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import jax
 from flax import nnx, serialization
 
 from mathrl_jax import files
 from mathrl_jax.models import hf
 from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint_directory import STATE_ITEM
+from mathrl_jax.train.checkpoint_errors import CheckpointError
+from mathrl_jax.train.checkpoint_tree import TargetMismatchError
 
 CHECKPOINTS = "checkpoints"
-STATE_ITEM = "state"  # mathrl_jax.train.checkpoint_directory.STATE_ITEM
 PARAMS_KEY = "params"  # the TrainState field of the policy parameters
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -104,21 +110,12 @@ def _is_step_name(name: str) -> bool:
     return name.isdigit() and str(int(name)) == name
 
 
-def checkpoint_steps(checkpoints_dir: str) -> List[int]:
-    """The complete steps in a Checkpointer directory, ascending.
+def locate(path: str, step: Optional[int]) -> Tuple[str, str, Optional[int]]:
+    """(run dir, checkpoints dir, step) for a run dir, its checkpoints dir (step: `step`) or a step dir (its step).
 
-    Orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it to `<step>` once complete (local
-    file systems), so a directory named by an integer with a `state` item is a finished step.
+    Which directory was meant is told by its name and contents, so the messages can say what was expected;
+    raises InputError.
     """
-    steps = []
-    for name in os.listdir(checkpoints_dir):
-        if _is_step_name(name) and os.path.isdir(os.path.join(checkpoints_dir, name, STATE_ITEM)):
-            steps.append(int(name))
-    return sorted(steps)
-
-
-def locate(path: str, step: Optional[int]) -> Tuple[str, str, int]:
-    """(run dir, step dir, step) for a run dir, its checkpoints dir or a step dir; raises InputError."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise InputError(f"{path!r} is not a directory; expected a run dir (with {CHECKPOINTS}/) or a checkpoint step")
@@ -128,7 +125,7 @@ def locate(path: str, step: Optional[int]) -> Tuple[str, str, int]:
             raise InputError(f"checkpoint step {path!r} has no '{STATE_ITEM}' item; it is not a complete checkpoint")
         if step is not None and step != int(name):
             raise InputError(f"--step {step} disagrees with the checkpoint step directory {path!r}")
-        return os.path.dirname(os.path.dirname(path)), path, int(name)
+        return os.path.dirname(os.path.dirname(path)), os.path.dirname(path), int(name)
     if name == CHECKPOINTS and not os.path.isdir(os.path.join(path, CHECKPOINTS)):
         run_dir, checkpoints_dir = os.path.dirname(path), path
     else:
@@ -138,14 +135,26 @@ def locate(path: str, step: Optional[int]) -> Tuple[str, str, int]:
             f"{path!r} is not a training run dir: no {CHECKPOINTS}/ directory in it "
             f"(expected RUN_DIR with {CHECKPOINTS}/<step>/, or RUN_DIR/{CHECKPOINTS}/<step>)"
         )
-    steps = checkpoint_steps(checkpoints_dir)
+    return run_dir, checkpoints_dir, step
+
+
+def choose_step(checkpointer: Checkpointer, step: Optional[int]) -> int:
+    """`step`, or the latest, of the checkpointer's steps that hold a state item; raises InputError.
+
+    Not `Checkpointer.restore(step=None)`'s choice: that falls back to an older step when the newest fails
+    verification, where an export names its step and refuses a damaged one. Orbax takes any directory named by an
+    integer for a finalized step (on a local disk the rename marks completion); one without the state item (made
+    by hand, half deleted), which the trainer's restore refuses, is skipped.
+    """
+    directory = checkpointer.directory
+    steps = [s for s in checkpointer.all_steps() if os.path.isdir(os.path.join(directory, str(s), STATE_ITEM))]
     if not steps:
-        raise InputError(f"no complete checkpoint in {checkpoints_dir!r} (expected step directories such as 1/, 2/)")
+        raise InputError(f"no complete checkpoint in {directory!r} (expected step directories such as 1/, 2/)")
     if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise InputError(f"no checkpoint for step {step} in {checkpoints_dir!r}; the steps there are {steps}")
-    return run_dir, os.path.join(checkpoints_dir, str(step)), step
+        return steps[-1]
+    if step not in steps:
+        raise InputError(f"no checkpoint for step {step} in {directory!r}; the steps there are {steps}")
+    return step
 
 
 def read_run_config(run_dir: str) -> Dict[str, Any]:
@@ -164,7 +173,7 @@ def read_run_config(run_dir: str) -> Dict[str, Any]:
 
 
 def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
-    """The HF checkpoint the run's policy started from, as `mathrl_jax.train.loop.build_run` picks it."""
+    """The HF checkpoint the run's policy started from, as `mathrl_jax.train.build.build_run` picks it."""
     warm = os.path.join(run_dir, "warmstart_model")
     warm_steps = (run_config.get("warmstart") or {}).get("steps", 0) if run_config else None
     # Without a config.json, a warmstart_model directory can only come from a warm-start.
@@ -192,91 +201,29 @@ def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _flat_leaves(tree: Any) -> Dict[Tuple[str, ...], Any]:
-    """{key path as strings: leaf} of a nested dict (Orbax metadata and restored trees use string keys)."""
-    flat: Dict[Tuple[str, ...], Any] = {}
+def read_policy_params(checkpointer: Checkpointer, step: int, config: QwenConfig) -> nnx.State:
+    """The policy params of checkpoint `step`, on the CPU, as an `nnx.State` of `config`'s model.
 
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, prefix + (str(key),))
-        elif node is not None:
-            flat[prefix] = node
-
-    walk(tree, ())
-    return flat
-
-
-def _state_paths(state: nnx.State) -> Dict[Tuple[str, ...], Any]:
-    """{key path as strings: abstract leaf} of an NNX state, as the Checkpointer names its leaves."""
-    return {tuple(str(k) for k in path): leaf for path, leaf in nnx.to_flat_state(state)}
-
-
-def read_policy_params(step_dir: str, config: QwenConfig) -> nnx.State:
-    """The policy params of the checkpoint in `step_dir`, on the CPU, as an `nnx.State` of `config`'s model.
-
-    Only the `params` subtree of the saved TrainState is restored (an Orbax partial restore), whatever
-    mesh the run was trained on; keys and shapes are checked against `config`'s model first.
+    Only the `params` entry of the saved TrainState is read and verified (a partial restore), whatever mesh the
+    run was trained on; its keys and shapes must be those of `config`'s model (raises InputError naming them).
     """
-    import jax
-    import orbax.checkpoint as ocp
-    from etils import epath
-
-    item_dir = epath.Path(os.path.join(step_dir, STATE_ITEM))
-    handler = ocp.PyTreeCheckpointHandler()
+    step_dir = os.path.join(checkpointer.directory, str(step))
     try:
-        try:
-            metadata = handler.metadata(item_dir)
-        except Exception as e:  # Orbax raises several unrelated types for unreadable metadata
-            raise InputError(f"cannot read the checkpoint metadata in {str(item_dir)!r}: {e}") from None
-        saved = getattr(metadata, "tree", metadata)
-        if not isinstance(saved, dict) or not isinstance(saved.get(PARAMS_KEY), dict):
+        if not any(name.split("/", 1)[0] == PARAMS_KEY for name in checkpointer.saved_shapes(step)):
             raise InputError(f"checkpoint {step_dir!r} holds no '{PARAMS_KEY}' tree; it is not a training state")
-        saved_leaves = _flat_leaves(saved[PARAMS_KEY])
-        state = _abstract_state(config)
-        wanted = _state_paths(state)
-        missing = sorted("/".join(p) for p in wanted if p not in saved_leaves)
-        extra = sorted("/".join(p) for p in saved_leaves if p not in wanted)
-        shapes = [
-            f"{'/'.join(p)}: saved {tuple(saved_leaves[p].shape)}, model {tuple(leaf.shape)}"
-            for p, leaf in wanted.items()
-            if p in saved_leaves and tuple(saved_leaves[p].shape) != tuple(leaf.shape)
-        ]
-        if missing or extra or shapes:
-            parts = [
-                f"{what}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}"
-                for what, names in (("model keys not saved", missing), ("saved keys not in the model", extra))
-                + (("shapes differ", shapes),)
-                if names
-            ]
-            raise InputError(
-                f"checkpoint {step_dir!r} does not match the {config.architecture} of its base model "
-                f"({'; '.join(parts)}); pass --like with the model the run trained"
-            )
         cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
-        target = {
-            PARAMS_KEY: jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=cpu), saved[PARAMS_KEY]
-            )
-        }
-        args = ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        model = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=cpu), _abstract_state(config)
         )
-        try:
-            restored = handler.restore(item_dir, args=args)
-        except Exception as e:  # re-raised with the directory named
-            raise InputError(f"cannot restore the params of checkpoint {step_dir!r}: {e}") from None
-    finally:
-        handler.close()
-    values = _flat_leaves(restored[PARAMS_KEY])
-    pure: Dict[Any, Any] = {}  # with the model's own keys (layer indices are ints there, strings on disk)
-    for path, _ in nnx.to_flat_state(state):
-        node = pure
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = values[tuple(str(k) for k in path)]
-    nnx.replace_by_pure_dict(state, pure)
-    return state
+        restored, _ = checkpointer.restore({PARAMS_KEY: model}, step, partial=True)
+    except TargetMismatchError as e:
+        raise InputError(
+            f"checkpoint {step_dir!r} does not match the {config.architecture} of its base model "
+            f"({'; '.join(e.differences)}); pass --like with the model the run trained"
+        ) from None
+    except CheckpointError as e:  # unreadable or damaged: the message names the step
+        raise InputError(str(e)) from None
+    return restored[PARAMS_KEY]
 
 
 def export_run(
@@ -292,20 +239,23 @@ def export_run(
 
     Returns (the step directory read, the step).
     """
-    run_dir, step_dir, step = locate(path, step)
-    run_config = read_run_config(run_dir)
-    base = like if like else base_model_dir(run_dir, run_config)
-    if like and not os.path.isdir(like):
-        raise InputError(f"--like {like!r} is not a directory; expected the HF checkpoint the run started from")
-    param_dtype = dtype or run_config.get("param_dtype") or "float32"
-    if param_dtype not in DTYPES:
-        raise InputError(f"param_dtype {param_dtype!r} in {run_dir}/config.json: expected one of {DTYPES}")
-    try:
-        config = load_config(base, param_dtype=param_dtype)
-    except (ConfigError, OSError, ValueError) as e:
-        raise InputError(f"base model {base!r}: {e}") from None
-    check_out(out, force, protected=[run_dir, base])
-    state = read_policy_params(step_dir, config)
+    run_dir, checkpoints_dir, step = locate(path, step)
+    with Checkpointer(checkpoints_dir, save_interval=0, read_only=True) as checkpointer:
+        step = choose_step(checkpointer, step)
+        step_dir = os.path.join(checkpoints_dir, str(step))
+        run_config = read_run_config(run_dir)
+        base = like if like else base_model_dir(run_dir, run_config)
+        if like and not os.path.isdir(like):
+            raise InputError(f"--like {like!r} is not a directory; expected the HF checkpoint the run started from")
+        param_dtype = dtype or run_config.get("param_dtype") or "float32"
+        if param_dtype not in DTYPES:
+            raise InputError(f"param_dtype {param_dtype!r} in {run_dir}/config.json: expected one of {DTYPES}")
+        try:
+            config = load_config(base, param_dtype=param_dtype)
+        except (ConfigError, OSError, ValueError) as e:
+            raise InputError(f"base model {base!r}: {e}") from None
+        check_out(out, force, protected=[run_dir, base])
+        state = read_policy_params(checkpointer, step, config)
     write_atomically(out, lambda d: hf.export_checkpoint(state, config, d, tokenizer_dir=base), force)
     return step_dir, step
 

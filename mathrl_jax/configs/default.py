@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.run_dir = "runs/default"
     config.resume = True  # continue from the latest checkpoint in run_dir/checkpoints if there is one
     # A resumed run must train what the saved run did: keys that change what is trained (lr, model, data, ...) are
-    # refused unless named here, comma-separated ("lr,warmup_steps"); see train.build.RESUME_MAY_CHANGE.
+    # refused unless named here, comma-separated ("lr,warmup_steps"); see train.resume.RESUME_MAY_CHANGE.
     config.resume_allow_changes = ""
 
     # --- model -------------------------------------------------------------------------

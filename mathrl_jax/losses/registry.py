@@ -36,6 +36,7 @@ ADVANTAGE_ESTIMATORS: Dict[str, Callable] = {
     "rebn": advantages.rebn_advantages,
     "batch_norm": advantages.batch_normalized_advantages,
     "action_decomposed_gae": action_decomposition.action_decomposed_gae,
+    "action_level_gae": action_decomposition.action_level_gae,
     "naive_token_gae": action_decomposition.naive_token_gae,
 }
 

@@ -1,6 +1,6 @@
 """The algorithms, one record each: how advantages are made, which policy loss trains, what a run needs.
 
-| `algorithm_name` | advantages (`rollout.compute_advantages`)              | policy loss (`losses.registry`) |
+| `algorithm_name` | advantages (`advantages.compute_advantages`)          | policy loss (`losses.registry`) |
 |------------------|--------------------------------------------------------|---------------------------------|
 | `grpo`           | group-relative, (s - mean_g) / (std_g + eps)           | `ppo`                           |
 | `drgrpo`         | group mean removed, no std (Dr. GRPO)                  | `ppo`                           |
@@ -18,38 +18,52 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """What one algorithm is made of.
+    """What one algorithm is made of; the build and the batch read these fields, never the algorithm's name.
 
-    advantages: the estimator `rollout.compute_advantages` applies: "group", "group_mean", "rloo", "rebn" (one
-      sequence advantage broadcast over its tokens), "reinforce_pp_baseline" (per token, whitened over the batch),
-      "gae", "action_gae", "action_decomposed_gae" (with a critic).
+    advantages: the advantage estimator, by its `losses.registry` name, as `advantages.compute_advantages` applies
+      it: "grpo", "drgrpo", "rloo", "rebn" (one sequence advantage broadcast over its tokens),
+      "reinforce_plus_plus_baseline" (per token, whitened over the batch), "gae", "action_level_gae",
+      "action_decomposed_gae" (with a critic).
     policy_loss: a name in `losses.registry.POLICY_LOSSES`.
     critic: trains a value model.
     groups: compares the samples of one prompt (needs group_size >= 2).
+    actions: trains on reasoning steps (the actions of `step_separator`; OpenR's APPO and TPPO).
+    openr_whitening: with `advantage_whitening="openr"`, how OpenR standardises each minibatch's advantages
+      (`UpdateConfig.minibatch_whitening`: "actions" or "nonzero"); None: this algorithm has no such option.
+    dynamic_sampling: DAPO's group filter and overlong shaping of the rewards.
+    decoupled: AReaL's decoupled loss: behaviour log-probs from the sampler, proximal ones recomputed, rollouts from
+      a generator thread running ahead (bounded staleness).
+    multi_turn: trains on the turns of multi-turn episodes (`env_name`).
     """
 
     advantages: str
     policy_loss: str
     critic: bool = False
     groups: bool = False
+    actions: bool = False
+    openr_whitening: Optional[str] = None
+    dynamic_sampling: bool = False
+    decoupled: bool = False
+    multi_turn: bool = False
 
 
 ALGORITHMS = {
-    "grpo": Algorithm("group", "ppo", groups=True),
-    "drgrpo": Algorithm("group_mean", "ppo", groups=True),
-    "dapo": Algorithm("group", "ppo", groups=True),
+    "grpo": Algorithm("grpo", "ppo", groups=True),
+    "drgrpo": Algorithm("drgrpo", "ppo", groups=True),
+    "dapo": Algorithm("grpo", "ppo", groups=True, dynamic_sampling=True),
     "ppo": Algorithm("gae", "ppo", critic=True),
-    "appo": Algorithm("action_gae", "action_ppo", critic=True),
-    "tppo": Algorithm("action_decomposed_gae", "ppo", critic=True),
-    "reinforce_rebn": Algorithm("rebn", "reinforce"),
-    "async_ppo": Algorithm("group", "decoupled_ppo", groups=True),
+    "appo": Algorithm("action_level_gae", "action_ppo", critic=True, actions=True, openr_whitening="actions"),
+    "tppo": Algorithm("action_decomposed_gae", "ppo", critic=True, actions=True, openr_whitening="nonzero"),
+    "reinforce_rebn": Algorithm("rebn", "reinforce", multi_turn=True),
+    "async_ppo": Algorithm("grpo", "decoupled_ppo", groups=True, decoupled=True),
     # verl's adv_estimator=rloo and reinforce_plus_plus_baseline, with its PPO actor loss; TRL's RLOOTrainer too.
     "rloo": Algorithm("rloo", "ppo", groups=True),
-    "reinforce_pp": Algorithm("reinforce_pp_baseline", "ppo", groups=True),
+    "reinforce_pp": Algorithm("reinforce_plus_plus_baseline", "ppo", groups=True),
 }
 NAMES = tuple(ALGORITHMS)
 

@@ -33,13 +33,12 @@ import base64
 import contextlib
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train.collect import Collected, collect, prm_action_rewards
-from mathrl_jax.train.run import Run
+from mathrl_jax.train.collect import Collected, RolloutMaker, collect, prm_action_rewards
 from mathrl_jax.train.validation import TrainingError
 
 
@@ -47,34 +46,48 @@ class AsyncRollouts:
     """A rollout source whose generator thread samples iteration i with the params after iteration
     max(0, i - 1 - max_head_offpolicyness) (see the module docstring)."""
 
-    def __init__(self, run: Run):
-        self.run = run
-        self.eta = int(run.config.max_head_offpolicyness)
+    def __init__(
+        self,
+        maker: RolloutMaker,
+        *,
+        max_head_offpolicyness: int,
+        start_iteration: int,
+        total_iterations: int,
+        params: Any,
+        policy_version: int,
+        pending_rollouts: Sequence[Dict[str, Any]] = (),
+    ):
+        """`params` (of `policy_version`): the learner's after `start_iteration`; `pending_rollouts`: the batches
+        a checkpoint saved (`pending`), made before the run was interrupted."""
+        self.maker = maker
+        self.eta = int(max_head_offpolicyness)
+        self.start_iteration, self.total_iterations = start_iteration, total_iterations
         self.condition = threading.Condition()
         self.sampler_lock = threading.Lock()  # the generator's and the evaluation's weights take turns
-        self.params: Dict[int, tuple] = {run.start_iteration: (run.state.params, int(run.state.policy_version))}
+        self.params: Dict[int, tuple] = {start_iteration: (params, int(policy_version))}
+        self.latest = (params, int(policy_version))  # the learner's newest, for the evaluation
         self.ready: Dict[int, Collected] = {}
         self.error: Optional[BaseException] = None
         self.stopping = False
         # Batches made before the run was interrupted. A run resumed with a smaller eta drops those that would now
         # be too stale (and draws their prompts again); one resumed with a larger eta, or from a checkpoint without
         # them (the end of a run it extends), samples its next batches with the restored params.
-        version = int(run.state.policy_version)
-        for offset, record in enumerate(run.pending_rollouts):
+        version = int(policy_version)
+        for offset, record in enumerate(pending_rollouts):
             made = collected_from_json(record)
             if version + offset - made.rollouts.policy_version > self.eta:
                 break
-            self.ready[run.start_iteration + 1 + offset] = made
+            self.ready[start_iteration + 1 + offset] = made
         if self.ready:
-            run.loader.restore(self.ready[max(self.ready)].data_state)
-        self.first = run.start_iteration + 1 + len(self.ready)
+            maker.loader.restore(self.ready[max(self.ready)].data_state)
+        self.first = start_iteration + 1 + len(self.ready)
         self.thread = threading.Thread(target=self._generate, name="rollout-generator", daemon=True)
         self.thread.start()
 
     def _generate(self) -> None:
         try:
-            for iteration in range(self.first, self.run.total_iterations + 1):
-                source = max(self.run.start_iteration, iteration - 1 - self.eta)
+            for iteration in range(self.first, self.total_iterations + 1):
+                source = max(self.start_iteration, iteration - 1 - self.eta)
                 with self.condition:
                     self.condition.wait_for(lambda: source in self.params or self.stopping)
                     if self.stopping:
@@ -84,14 +97,14 @@ class AsyncRollouts:
                         del self.params[old]
                 start = time.perf_counter()
                 with self.sampler_lock:
-                    self.run.sampler.update_weights(params, version)
-                    rollouts, problems, scores, reward_metrics = collect(self.run, iteration)
-                action_rewards = prm_action_rewards(self.run, rollouts, problems)
+                    self.maker.sampler.update_weights(params, version)
+                    rollouts, problems, scores, reward_metrics = collect(self.maker, iteration)
+                action_rewards = prm_action_rewards(self.maker, rollouts, problems)
                 made = Collected(
                     rollouts,
                     scores,
                     reward_metrics,
-                    self.run.loader.state(),
+                    self.maker.loader.state(),
                     time.perf_counter() - start,
                     action_rewards,
                 )
@@ -121,12 +134,13 @@ class AsyncRollouts:
         from batch iteration + 1 + eta on."""
         with self.condition:
             self.params[iteration] = (params, int(version))
+            self.latest = (params, int(version))
             self.condition.notify_all()
 
     def pending(self, iteration: int) -> List[Dict[str, Any]]:
         """The batches after `iteration` that the generator makes before the learner's next update (iterations
         iteration + 1 .. iteration + eta), as JSON for the checkpoint; waits until they are made."""
-        last = min(iteration + self.eta, self.run.total_iterations)
+        last = min(iteration + self.eta, self.total_iterations)
         with self.condition:
             for later in range(iteration + 1, last + 1):
                 self._wait_for(later)
@@ -137,7 +151,7 @@ class AsyncRollouts:
         """The sampler holds the learner's current params inside the block (for evaluation); the generator
         waits meanwhile and puts its own back before its next batch."""
         with self.sampler_lock:
-            self.run.sampler.update_weights(self.run.state.params, int(self.run.state.policy_version))
+            self.maker.sampler.update_weights(*self.latest)
             yield
 
     def close(self) -> None:

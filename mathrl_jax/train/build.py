@@ -3,8 +3,6 @@ models, sampler, data, optimizers, and the state restored from the latest checkp
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
@@ -16,23 +14,26 @@ from flax import nnx
 from mathrl_jax import files, sharding
 from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
+from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.models.hub import HubModelError, resolve_dataset_path, resolve_model_dir
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
+from mathrl_jax.rewards.serial_grader import SerialGrader
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING, VllmSampler
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import algorithms, passes
+from mathrl_jax.train import passes, sections
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.codec import TextCodec
-from mathrl_jax.train.collect import SerialGrader
+from mathrl_jax.train.collect import RolloutMaker
 from mathrl_jax.train.metrics import MetricsLogger, report_sinks
-from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data
+from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data, prompt_settings
+from mathrl_jax.train.resume import check_resumed_config
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
-from mathrl_jax.train.validation import TrainingError, fail, flat_items, num_iterations, validate_config
+from mathrl_jax.train.validation import TrainingError, fail, validate_config
 from mathrl_jax.train.warmstart import warm_start
 
 
@@ -110,63 +111,6 @@ def load_prm(config):
         )
 
 
-def update_config(config) -> update_lib.UpdateConfig:
-    """The update's static settings for a run's config."""
-    alg = config.algorithm_name
-    policy_loss = algorithms.ALGORITHMS[alg].policy_loss
-    if policy_loss == "action_ppo" and not config.appo_action_ratio:
-        policy_loss = "ppo"  # APPO with token-level ratios and the step's advantage on each token
-    whitening = None
-    if config.advantage_whitening == "openr" and alg in ("appo", "tppo"):
-        whitening = "actions" if alg == "appo" else "nonzero"
-    settings = dict(
-        ppo_epochs=config.ppo_epoch,
-        num_mini_batches=config.num_mini_batch,
-        micro_batch_size=config.micro_batch_size or None,
-        policy_loss=policy_loss,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        clip_c=config.clip_c,
-        behaviour_weight_cap=config.behaviour_weight_cap,
-        loss_agg_mode=config.loss_agg_mode,
-        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
-        entropy_coef=config.entropy_coef,
-        kl_coef=config.kl_coef,
-        kl_kind=config.kl_kind,
-        target_kl=config.target_kl,
-        temperature=config.temperature,
-        value_clip=config.value_clip,
-        value_loss_type=config.value_loss_type,
-        huber_delta=config.huber_delta,
-        minibatch_whitening=whitening,
-    )
-    cfg = update_lib.UpdateConfig(**settings)
-    # `skip_zero_advantage` where it changes no gradient (the config's comment).
-    skip = config.skip_zero_advantage and update_lib.zero_advantage_rows_are_inert(
-        cfg, has_critic=algorithms.ALGORITHMS[alg].critic
-    )
-    return dataclasses.replace(cfg, skip_zero_advantage=bool(skip))
-
-
-def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The `state.make_optimizer` arguments of the policy and of the critic: `config.optimizer` over the params, in
-    their dtype (`param_dtype`, the master precision), with the run's schedule counted in optimizer steps."""
-    policy = dict(
-        learning_rate=config.lr,
-        name=config.optimizer,
-        schedule=config.lr_schedule,
-        warmup_steps=config.warmup_steps,
-        total_steps=max(1, num_iterations(config) * config.ppo_epoch * config.num_mini_batch),
-        weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm,
-        eps=config.adam_eps,
-    )
-    critic = dict(
-        learning_rate=config.critic_lr, name=config.optimizer, max_grad_norm=config.max_grad_norm, eps=config.adam_eps
-    )
-    return policy, critic
-
-
 def report_to(config) -> Tuple[str, ...]:
     """The metric sinks `config.report_to` names ("none": the JSONL file alone), checked by `validation`."""
     names = report_sinks(config.report_to)
@@ -175,7 +119,7 @@ def report_to(config) -> Tuple[str, ...]:
 
 def wandb_settings(config) -> Dict[str, Any]:
     """`wandb_writer.WandbWriter`'s settings: the project, the mode and the run's whole config."""
-    return dict(project=config.wandb_project, mode=config.wandb_mode, config=config.to_dict())
+    return dict(project=config.wandb_project, mode=config.wandb_mode, recorded=config.to_dict())
 
 
 def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=None) -> Run:
@@ -210,10 +154,12 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
 
         if importlib.util.find_spec("vllm") is None:
             fail(f"sampler='vllm': {VLLM_MISSING}; or use sampler='jax'")
+    prompts = prompt_settings(config)
+    codec = None
     if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
-        user_codec = TextCodec(config.model_name_or_path)
-        user_codec.check_vocabulary(model_config.vocab_size, config.model_name_or_path)
-        check_prompts(config, user_codec, train_problems, eval_problems)
+        codec = TextCodec(config.model_name_or_path)
+        codec.check_vocabulary(model_config.vocab_size, config.model_name_or_path)
+        check_prompts(prompts, codec, train_problems, eval_problems)
     prm = load_prm(config) if "prm" in config.reward_source else None
     check_resumed_config(config, config.run_dir)
     # From here on the run directory is written.
@@ -225,9 +171,10 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         acquire_run_dir(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     model_dir = _model_dir(config, run_dir)
-    codec = TextCodec(model_dir)
     try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
-        check_prompts(config, codec, train_problems, eval_problems)
+        if codec is None:
+            codec = TextCodec(model_dir)
+            check_prompts(prompts, codec, train_problems, eval_problems)
     except TrainingError:  # every process fails here alike (same files); process 0 undoes what it wrote
         if distributed.is_main_process():
             release_run_dir(run_dir)
@@ -236,7 +183,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         elif distributed.is_main_process() and not had_initial:
             shutil.rmtree(initial, ignore_errors=True)
         raise
-    eval_prompts = encode_prompts(config, codec, eval_problems)
+    eval_prompts = encode_prompts(prompts, codec, eval_problems)
     eval_golds = [p.answer for p in eval_problems]
     grader = SerialGrader(
         MathGrader(
@@ -254,8 +201,9 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         kv_cache_gib=config.jax_sampler.kv_cache_gib,
         compact_interval=config.jax_sampler.compact_interval or None,
     )
+    evaluation = sections.eval_settings(config)
     start_dir, warm_metrics = warm_start(
-        config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
+        config, evaluation, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
     )
 
     mesh = sharding.make_mesh(config.mesh.to_dict())
@@ -266,31 +214,26 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
     graphdef, params = nnx.split(model)
     params = sharding.shard_tree(params, mesh, rules)
-    total = num_iterations(config)
-    alg = config.algorithm_name
-    needs_critic = algorithms.ALGORITHMS[alg].critic
-    optimizer_settings, critic_optimizer_settings = optimizer_settings_of(config)
+    algorithm = sections.algorithm_of(config)
+    optimizer_settings, critic_optimizer_settings = sections.optimizer_settings_of(config)
     optimizer = state_lib.make_optimizer(**optimizer_settings)
     critic_graphdef = critic_params = critic_optimizer = None
-    if needs_critic:
+    if algorithm.critic:
         critic = value_head.load_critic(start_dir, seed=config.seed, **numerics)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
         critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings)
-    else:
-        critic_optimizer_settings = None
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
     state = place_state(state, mesh, rules)
     needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
-    ref_params = jax.tree.map(jnp.copy, params) if needs_ref else None
-    update_cfg = update_config(config)
+    update_cfg = sections.update_config(config)
     # The asynchronous generator samples with the params the learner is updating: donating them to the update
     # would free buffers another thread is reading.
     update_settings = dict(
         critic_graphdef=critic_graphdef,
-        donate=alg != "async_ppo",
+        donate=not algorithm.decoupled,
         state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
     )
     update = update_lib.make_update_fn(
@@ -314,25 +257,30 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
     sampler.update_weights(state.params, int(state.policy_version))
     sinks = report_to(config)
+    micro = config.micro_batch_size or None
+    batches = BatchMaker(
+        sections.batch_settings(config, update_cfg),
+        codec,
+        mesh,
+        logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, micro),
+        values=passes.compute_values_fn(critic_graphdef, micro) if algorithm.critic else None,
+        ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,
+        shape_floors=shape_floors,
+    )
+    rollouts = RolloutMaker(
+        sections.rollout_settings(config), sampler, codec, loader, grader, reward_fn, functions, prm
+    )
+    source_kind = "env" if config.env_name else "async" if algorithm.decoupled else "sync"
     return Run(
-        reward_fn=reward_fn,
-        reward_functions=functions,
-        config=config,
-        run_dir=run_dir,
-        codec=codec,
+        settings=sections.run_settings(config),
         graphdef=graphdef,
         state=state,
-        ref_params=ref_params,
-        critic_graphdef=critic_graphdef,
-        sampler=sampler,
-        grader=grader,
-        loader=loader,
+        rollouts=rollouts,
+        batches=batches,
+        update=update,
+        evaluation=evaluation,
         eval_prompts=eval_prompts,
         eval_golds=eval_golds,
-        update=update,
-        skip_zero_advantage=update_cfg.skip_zero_advantage,
-        logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, config.micro_batch_size or None),
-        values=passes.compute_values_fn(critic_graphdef, config.micro_batch_size or None) if needs_critic else None,
         checkpointer=checkpointer,
         logger=MetricsLogger(
             run_dir,
@@ -340,14 +288,13 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
             wandb=wandb_settings(config) if "wandb" in sinks else None,
             resumed_from=start_iteration,
         ),
-        mesh=mesh,
-        total_iterations=total,
         start_iteration=start_iteration,
         warmstart_metrics=warm_metrics,
-        prm=prm,
+        source_kind=source_kind,
+        env_name=config.env_name,
+        gamma=config.gamma,
         model_dir=start_dir,
         pending_rollouts=pending,
-        shape_floors=shape_floors,
     )
 
 
@@ -358,98 +305,6 @@ def _write_config(config, run_dir: str) -> None:
 PENDING_KEY = "pending_rollouts"
 SHAPES_KEY = "shape_floors"
 """Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
-
-
-RESUME_MAY_CHANGE = (
-    "num_iterations",
-    "num_env_steps",
-    "resume",
-    "run_dir",
-    "resume_allow_changes",
-    "eval_interval",
-    "eval_n_samples",
-    "num_eval_problems",
-    "eval_dataset_path",
-    "eval_dataset_split",
-    "log_interval",
-    "num_logged_samples",
-    "save_interval",
-    "max_to_keep",
-    "progress",
-    "report_to",
-    "wandb_project",
-    "wandb_mode",
-    "export_final",
-    "compilation_cache_dir",
-    "heartbeat_timeout_s",
-    "join_timeout_s",
-    "reward.num_workers",
-    "mesh.",
-    "sampler_mesh.",
-    "sampler",
-    "jax_sampler.",
-    "vllm.",
-    "micro_batch_size",
-    "remat",
-    "scan_layers",
-    "attention",
-    "packing",
-    "pack_length",
-    "skip_zero_advantage",
-)
-"""Config keys (a trailing "." names a section) a resumed run may change: how long it runs, what it logs and
-evaluates, where and how it computes (mesh, engine, memory settings, remat, layer scan, packing, skipping rows that
-train nothing: the same updates, tested as invariances). Every other key changes what is trained and must equal the
-saved run's, unless `resume_allow_changes` names it."""
-
-
-def _may_change(key: str, allowed: Tuple[str, ...]) -> bool:
-    return any(key == a or (a.endswith(".") and key.startswith(a)) for a in RESUME_MAY_CHANGE + allowed)
-
-
-def _same_setting(saved: Any, value: Any) -> bool:
-    """Equal values, or two spellings of one existing file or directory (relative and absolute paths)."""
-    if saved == value:
-        return True
-    paths = isinstance(saved, str) and isinstance(value, str) and saved and value
-    return bool(paths) and os.path.exists(saved) and os.path.exists(value) and os.path.samefile(saved, value)
-
-
-def allowed_resume_changes(config) -> Tuple[str, ...]:
-    """`resume_allow_changes` ("lr,warmup_steps"), each name a config key."""
-    names = tuple(n.strip() for n in str(config.resume_allow_changes or "").split(",") if n.strip())
-    known = {key for key, _ in flat_items(config)}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        fail(f"resume_allow_changes={config.resume_allow_changes!r}: {unknown} are not config keys")
-    return names
-
-
-def check_resumed_config(config, run_dir: str) -> None:
-    """A run that resumes a checkpoint in `run_dir` trains what the saved `config.json` says: each other key that
-    differs is refused, naming it and both values, before anything is written."""
-    path = os.path.join(run_dir, "config.json")
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    if not config.resume or not os.path.isfile(path) or not os.path.isdir(checkpoints):
-        return
-    if not any(name.isdigit() for name in os.listdir(checkpoints)):
-        return  # nothing trained yet
-    with open(path) as f:
-        saved = dict(flat_items(json.load(f)))
-    # The config as `_write_config` saved it: tuples as lists, other objects as strings.
-    current = dict(flat_items(json.loads(json.dumps(config.to_dict(), default=str))))
-    allowed = allowed_resume_changes(config)
-    changed = [
-        f"{key}: {saved[key]!r} -> {value!r}"
-        for key, value in current.items()
-        if key in saved and not _same_setting(saved[key], value) and not _may_change(key, allowed)
-    ]
-    if changed:
-        fail(
-            f"run_dir {run_dir!r} holds a run with other settings ({'; '.join(changed)}), which this run would "
-            "resume: use another --config.run_dir, --config.resume=False to start over, or name the keys meant to "
-            "change in --config.resume_allow_changes"
-        )
 
 
 def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainState:

@@ -83,6 +83,7 @@ from mathrl_jax.train.checkpoint_tree import (
     _is_variable,
     _map_leaves,
     _named,
+    _part,
     _savable,
     _sequences,
     _short,
@@ -124,6 +125,8 @@ class Checkpointer(CheckpointDirectory):
         0 disables periodic saves (only `save(..., force=True)` writes).
       max_to_keep: how many of the latest steps to keep; None keeps every step.
       async_save: write the files in a background thread (see the module docstring).
+      read_only: only read the directory (e.g. export a run that may still be training): it is not
+        created, a save in progress is not taken for a crashed one and removed, and `save` is refused.
 
     Every process of a multi-host job constructs the Checkpointer and calls
     `save` / `restore` with its part of the global arrays; Orbax writes the
@@ -161,7 +164,7 @@ class Checkpointer(CheckpointDirectory):
         than the latest saved one is an error: restore that step first, or use
         another directory.
         """
-        self._check_open()
+        self._check_writable()
         step = _check_step(step)
         if not force and not self.should_save(step):
             return False
@@ -209,7 +212,7 @@ class Checkpointer(CheckpointDirectory):
 
     # ---- restore ----
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+    def restore(self, target: Any, step: int | None = None, *, partial: bool = False) -> tuple[Any, dict[str, Any]]:
         """(state, metadata) of `step` (default: the newest intact step).
 
         Args:
@@ -220,6 +223,9 @@ class Checkpointer(CheckpointDirectory):
             is used, which needs the same devices), a NumPy array or scalar, or a
             Python int/float/bool.
           step: which step; None for the latest that passes verification.
+          partial: `target` holds some of the saved state's top-level entries (e.g. `{"params": ...}` of a saved
+            TrainState): only those are read, verified and checked against the target (each whole); the others
+            are not read.
 
         Returns:
           (the state with the target's tree structure, shardings and dtypes, the metadata dict).
@@ -235,20 +241,20 @@ class Checkpointer(CheckpointDirectory):
 
         Raises:
           CheckpointError: no checkpoint in the directory, no such step, or a target whose
-            keys or shapes differ from the saved ones (the keys are named).
+            keys or shapes differ from the saved ones (a `TargetMismatchError`; the keys are named).
           CorruptCheckpointError: the step asked for, or with `step=None` every step, fails
             verification (the steps and leaves are named).
         """
         self._check_open()
         if step is not None:
             step = self._resolve_step(step)
-            return self._restore_verified(target, step)
+            return self._restore_verified(target, step, partial)
         self._resolve_step(None)  # raises when the directory holds no step
         steps = self.all_steps()
         refused: list[tuple[int, CorruptCheckpointError]] = []
         for candidate in reversed(steps):
             try:
-                restored = self._restore_verified(target, candidate)
+                restored = self._restore_verified(target, candidate, partial)
             except CorruptCheckpointError as error:
                 if not isinstance(error, UnreadableCheckpointError):  # proven damaged: removed at the next save
                     self._corrupt.add(candidate)
@@ -270,13 +276,17 @@ class Checkpointer(CheckpointDirectory):
             + "); restore an intact copy or start the run in a new directory"
         )
 
-    def _restore_verified(self, target: Any, step: int) -> tuple[Any, dict[str, Any]]:
+    def _restore_verified(self, target: Any, step: int, partial: bool = False) -> tuple[Any, dict[str, Any]]:
         """`restore` of one step, its leaves verified against the checksums saved with it."""
         where = os.path.join(self.directory, str(step))
         abstract, wanted = _map_leaves(target, "restore target", _abstract)
         saved = self._saved_tree(step)
+        if partial:  # the entries the target names; the others are neither read nor checked
+            saved = _part(saved, wanted, where)
         _check_matches(where, wanted, _named(saved))
         recorded, metadata_sha256 = self._recorded_checksums(step)
+        if partial:
+            recorded = _part(recorded, wanted, where)
         # Read in the dtype each leaf was summed in, cast to the target's after the check: a checksum of a value
         # already cast (e.g. float32 to bfloat16) could not match.
         summed = {
@@ -286,15 +296,12 @@ class Checkpointer(CheckpointDirectory):
         # Checkpoints of the previous layout (before the state was saved as it is) hold every container as a
         # dict, lists and tuples keyed "0", "1", ...; Orbax restores no list from a dict. Those are restored in
         # the saved structure, with the target's abstract leaves by key, and put back into the target's by key.
-        by_key = _sequences(saved) != _sequences(abstract)
+        # So is a part: Orbax's partial restore matches the item's keys to the saved strings, and an nnx.State
+        # target keys its layers by int.
+        by_key = partial or _sequences(saved) != _sequences(abstract)
         item = jax.tree_util.tree_map_with_path(lambda p, _: summed[path_string(p)], saved) if by_key else abstract
-        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(item), METADATA_ITEM: ocp.args.JsonRestore()})
-        try:
-            restored = self._manager.restore(step, args=args)
-        except Exception as e:  # re-raised with the directory and step named; a damaged file is one cause
-            raise UnreadableCheckpointError(f"cannot restore checkpoint {where}: {e}") from e
-        values = _named(restored[STATE_ITEM])
-        metadata = dict(restored[METADATA_ITEM] or {})
+        restored, metadata = self._read_step(step, item, partial=partial)
+        values = _named(restored)
         if recorded and set(recorded) != set(values):
             raise CorruptCheckpointError(f"checkpoint {where} fails verification: its checksums name other leaves")
         if metadata_sha256 is not None and _json_sha256(metadata) != metadata_sha256:

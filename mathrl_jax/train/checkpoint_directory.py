@@ -1,5 +1,6 @@
 """A checkpoint directory for `train.checkpoint`: the Orbax `CheckpointManager` over it (with its rotation policy),
-its complete steps, the state metadata and JSON metadata of a saved step, and its life cycle.
+its complete steps, the state metadata and JSON metadata of a saved step, reading a step (whole or a part of its
+state), and its life cycle.
 
 `Checkpointer` saves and restores through it; the layout of a step directory is in `train.checkpoint`'s docstring.
 """
@@ -10,10 +11,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError
+from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnreadableCheckpointError
 from mathrl_jax.train.checkpoint_tree import _named
 
 if TYPE_CHECKING:
@@ -26,10 +28,16 @@ CHECKSUMS_ITEM = "checksums"
 
 class CheckpointDirectory:
     """The directory side of `Checkpointer` (its base class; the arguments are documented there): the Orbax manager,
-    the steps it holds, reading a step's metadata, and closing it."""
+    the steps it holds, reading a step, and closing it."""
 
     def __init__(
-        self, directory: str, *, save_interval: int, max_to_keep: int | None = 3, async_save: bool = True
+        self,
+        directory: str,
+        *,
+        save_interval: int,
+        max_to_keep: int | None = 3,
+        async_save: bool = True,
+        read_only: bool = False,
     ) -> None:
         if isinstance(save_interval, bool) or not isinstance(save_interval, (int, np.integer)) or save_interval < 0:
             raise ValueError(f"save_interval={save_interval!r}: expected an int >= 0 (0: only forced saves)")
@@ -46,6 +54,7 @@ class CheckpointDirectory:
         self.save_interval = int(save_interval)
         self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
         self.async_save = bool(async_save)
+        self.read_only = bool(read_only)
         self._corrupt: set[int] = set()  # steps `restore` found corrupt: never restored, removed at the next save
         self._verified: int | None = None  # the newest step whose checksums `restore` verified: rotation keeps it
         self.restored_step: int | None = None  # the step the last `restore` returned (an older one on a fallback)
@@ -58,8 +67,13 @@ class CheckpointDirectory:
                 [policies.LatestN(n=self.max_to_keep), _KeepStep(lambda: self._verified)]
             ),
             enable_async_checkpointing=self.async_save,
-            cleanup_tmp_directories=True,  # remove the tmp dirs of writes that a crash interrupted
-            create=True,
+            # A writer removes the tmp dirs of writes that a crash interrupted; a reader leaves them, and the
+            # directory, alone: they may be the saves in progress of a run still training.
+            cleanup_tmp_directories=not self.read_only,
+            create=not self.read_only,
+            # A reader skips each step's metadata when it lists them: it needs no save times, and a hand-made step
+            # directory without metadata would be logged.
+            lightweight_initialize=self.read_only,
         )
         # Handlers named up front, so that a fresh manager can read the metadata of steps it did not write.
         handlers = {
@@ -127,6 +141,35 @@ class CheckpointDirectory:
             raise CheckpointError(f"cannot read the metadata of checkpoint {self.directory}/{step}: {e}") from e
         return dict(restored[METADATA_ITEM] or {})
 
+    def _read_step(self, step: int, item: Any, *, partial: bool = False) -> tuple[Any, dict[str, Any]]:
+        """(the state saved at `step`, restored into `item`: its structure and abstract leaves; the JSON metadata).
+
+        `partial`: `item` holds some of the saved state's top-level entries (keyed as saved), and only those are read.
+        That read goes through an Orbax `PyTreeCheckpointHandler` (`partial_restore`) on the step's state directory,
+        which holds that handler's format: the manager's `StandardCheckpointHandler` restores no part of a tree (it
+        has no `partial_restore` and refuses placeholders). Its ShapeDtypeStructs without a sharding are given the
+        saved one first, as `StandardRestore` does (that handler would return NumPy arrays).
+        """
+        where = os.path.join(self.directory, str(step))
+        try:
+            if not partial:
+                args = {STATE_ITEM: ocp.args.StandardRestore(item), METADATA_ITEM: ocp.args.JsonRestore()}
+                restored = self._manager.restore(step, args=ocp.args.Composite(**args))
+                return restored[STATE_ITEM], dict(restored[METADATA_ITEM] or {})
+            saved = self._saved_tree(step)
+            item = jax.tree.map(_with_saved_sharding, item, {key: saved[key] for key in item})
+            handler = ocp.PyTreeCheckpointHandler()
+            try:
+                restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+                args = ocp.args.PyTreeRestore(item, restore_args=restore_args, partial_restore=True)
+                state = handler.restore(self._manager.directory / str(step) / STATE_ITEM, args=args)
+            finally:
+                handler.close()
+            metadata = self._manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
+        except Exception as e:  # re-raised with the directory and step named; a damaged file is one cause
+            raise UnreadableCheckpointError(f"cannot restore checkpoint {where}: {e}") from e
+        return state, dict(metadata[METADATA_ITEM] or {})
+
     # ---- life cycle ----
 
     def wait_until_finished(self) -> None:
@@ -143,6 +186,11 @@ class CheckpointDirectory:
         if self._closed:
             raise CheckpointError(f"the Checkpointer of {self.directory} is closed")
 
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise CheckpointError(f"the Checkpointer of {self.directory} is read-only; it saves nothing")
+
     def __enter__(self) -> Self:
         return self
 
@@ -152,7 +200,8 @@ class CheckpointDirectory:
     def __repr__(self) -> str:
         return (
             f"Checkpointer({self.directory!r}, save_interval={self.save_interval}, "
-            f"max_to_keep={self.max_to_keep}, async_save={self.async_save})"
+            f"max_to_keep={self.max_to_keep}, async_save={self.async_save}"
+            + (", read_only=True)" if self.read_only else ")")
         )
 
 
@@ -160,6 +209,13 @@ def _check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise CheckpointError(f"step={step!r}: expected an int >= 0")
     return int(step)
+
+
+def _with_saved_sharding(leaf: Any, saved: Any) -> Any:
+    """`leaf`, or for a ShapeDtypeStruct without a sharding the same with the sharding of `saved` (Orbax metadata)."""
+    if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None and getattr(saved, "sharding", None):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=saved.sharding.to_jax_sharding())
+    return leaf
 
 
 class _KeepStep:

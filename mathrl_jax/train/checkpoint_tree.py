@@ -1,11 +1,12 @@
 """The leaves of a state that `train.checkpoint` saves and restores: named by key path, refused where two keys
 collide or a leaf cannot be stored, turned into the abstract leaves Orbax restores, and given back in the type of
-the target's leaves; and the restore target's keys and shapes compared with those saved.
+the target's leaves; the restore target's keys and shapes compared with those saved (`TargetMismatchError`); and the
+entries of a saved state that a partial restore reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -120,8 +121,18 @@ def _sequences(tree: Any) -> set[str]:
     }
 
 
+class TargetMismatchError(CheckpointError):
+    """A restore target whose keys or shapes differ from those of the checkpoint; `differences` lists them, one phrase
+    each (the keys of the target not in the checkpoint, those of the checkpoint not in the target, the shapes that
+    differ), for a caller that names them in its own words (scripts/export_hf.py: the model of a run)."""
+
+    def __init__(self, message: str, differences: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.differences = list(differences or [])
+
+
 def _check_matches(where: str, wanted: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Raises a CheckpointError naming the keys of the target that the checkpoint at `where` lacks, and so on.
+    """Raises a TargetMismatchError naming the keys of the target that the checkpoint at `where` lacks, and so on.
 
     Orbax checks this too, but its messages name neither the step nor which side lacks a key.
     """
@@ -142,7 +153,24 @@ def _check_matches(where: str, wanted: dict[str, Any], saved: dict[str, Any]) ->
         if names
     ]
     if parts:
-        raise CheckpointError(f"checkpoint {where} does not match the restore target; " + "; ".join(parts))
+        raise TargetMismatchError(
+            f"checkpoint {where} does not match the restore target; " + "; ".join(parts), differences=parts
+        )
+
+
+def _part(entries: Mapping[Any, Any], wanted: dict[str, Any], where: str) -> dict[Any, Any]:
+    """The items of `entries` in the top-level entries of the saved state that a partial restore target names.
+
+    `entries` is keyed by top-level key (a saved state's tree) or by full key ("params/model/...": its checksums);
+    `wanted` is the target's {key: leaf}. The saved state must be a mapping at the top (a dict, NamedTuple or dataclass
+    is: Orbax keeps their fields by name), e.g. a TrainState of which the target holds `params` alone.
+    """
+    if not isinstance(entries, Mapping):
+        raise CheckpointError(
+            f"checkpoint {where} holds a {type(entries).__name__} at the top, not named entries; restore it whole"
+        )
+    tops = {name.split("/", 1)[0] for name in wanted}
+    return {key: value for key, value in entries.items() if str(key).split("/", 1)[0] in tops}
 
 
 def _short(names: list[str], limit: int = 8) -> str:

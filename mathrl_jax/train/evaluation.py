@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -206,3 +208,54 @@ def completion_samples(
                 }
             )
     return records
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """The loop's held-out evaluation (a section of the run's settings, made by the build): greedy accuracy, and
+    at the first and last evaluation pass@k from `n_samples` samples at the RL `temperature` and `top_p`;
+    `num_logged_samples` prompts written with their completions (`loop.write_samples`)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    n_samples: int = 0
+    num_logged_samples: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1 or self.n_samples < 0 or self.num_logged_samples < 0:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens}, eval_n_samples={self.n_samples}, num_logged_samples="
+                f"{self.num_logged_samples}: out of range"
+            )
+
+    def logged_sampling(self, iteration: int) -> List[SamplingParams]:
+        """The greedy and sampled (4 at the RL temperature) `SamplingParams` of the logged completions; the
+        sampled seed is not the training rollouts'."""
+        sampled = SamplingParams(
+            n=4,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=zlib.crc32(f"samples:{self.seed}:{iteration}".encode()) & 0x7FFFFFFF,
+        )
+        return [SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens), sampled]
+
+
+def held_out_accuracy(
+    settings: EvalSettings, sampler, codec, grader, eval_prompts, eval_golds, n_samples: int = 0
+) -> Dict[str, float]:
+    """`evaluate` at the run's settings: greedy accuracy, with `n_samples` also pass@k."""
+    return evaluate(
+        sampler,
+        eval_prompts,
+        eval_golds,
+        grader,
+        codec.decode,
+        max_new_tokens=settings.max_new_tokens,
+        n_samples=n_samples,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        seed=settings.seed,
+    )

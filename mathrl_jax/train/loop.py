@@ -4,7 +4,7 @@ One iteration (`train_iteration`):
 
     a rollout source (collect.py: problems ─► prompts ─► Sampler.generate ─► rewards; or async_loop.py's
       generator thread, or multiturn.py's episodes)
-      ─► batch.py: padded arrays, old / reference log-probs, critic values, advantages (rollout.py)
+      ─► batch.py: padded arrays, old / reference log-probs, critic values, advantages (advantages.py)
       ─► update.py: the jitted update ─► the source hears of the new weights ─► metrics
 
 `train(config)` builds the run (build.py: every input checked before anything is written), evaluates, iterates,
@@ -17,8 +17,7 @@ import contextlib
 import json
 import os
 import time
-import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -26,43 +25,23 @@ from flax import nnx
 
 from mathrl_jax import files
 from mathrl_jax.models import hf
-from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.sharding import distributed
+from mathrl_jax.train import state as state_lib
 from mathrl_jax.train.async_loop import AsyncRollouts
-from mathrl_jax.train.batch import mesh_context, prepare_batch, shuffled_rewards
+from mathrl_jax.train.batch import BatchMaker, mesh_context, prepare_batch, shuffled_rewards
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import SyncRollouts
-from mathrl_jax.train.evaluation import completion_samples
+from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
 from mathrl_jax.train.multiturn import EnvRollouts
 from mathrl_jax.train.progress import Progress
-from mathrl_jax.train.run import RewardFn, Run
+from mathrl_jax.train.run import RewardFn, Run, RunSettings
 from mathrl_jax.train.run_lock import release_run_dir
+from mathrl_jax.train.state import TrainState
 from mathrl_jax.train.validation import TrainingError
-from mathrl_jax.train.warmstart import held_out_accuracy
-
-RENAMES = {
-    "policy_loss": "train/policy_loss",
-    "entropy": "train/entropy_loss",
-    "kl": "train/kl",
-    "approx_kl_k3": "train/approx_kl",
-    "approx_kl": "train/ppo_kl",  # the k1 estimate; as "train/approx_kl" it collided with the k3 one above
-    "clip_fraction": "train/clip_fraction",
-    "ratio_mean": "train/importance_weight",
-    "ratio_max": "train/importance_weight_max",
-    "grad_norm": "train/grad_norm",
-    "value_loss": "train/value_loss",
-    "value_grad_norm": "train/value_grad_norm",
-    "value_value_clip_fraction": "train/value_clip_fraction",
-    "value_value_mean": "train/value_mean",
-    "kl_skipped": "train/kl_skipped_fraction",
-    "skipped_updates": "train/skipped_updates",
-    "applied": "train/applied_fraction",
-    "loss": "train/loss",
-}
 
 
 @contextlib.contextmanager
-def out_of_memory_hint(config, rows: int):
+def out_of_memory_hint(settings: RunSettings, rows: int):
     """Turns a device out-of-memory error of the trainer's passes into a `TrainingError` naming the options that
     size them (the raw XLA message names only a byte count)."""
     try:
@@ -71,66 +50,92 @@ def out_of_memory_hint(config, rows: int):
         text = str(error)
         if "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text:
             raise
-        micro = config.micro_batch_size or f"0 (the whole minibatch, {rows // config.num_mini_batch} rows)"
+        micro = settings.micro_batch_size or f"0 (the whole minibatch, {rows // settings.num_mini_batch} rows)"
         raise TrainingError(
-            f"out of device memory in the trainer's passes over {rows} rows of up to "
-            f"{config.max_prompt_length + config.max_new_tokens} tokens: lower --config.micro_batch_size (now "
-            f"{micro}; rows per forward and backward), --config.max_new_tokens ({config.max_new_tokens}) or "
-            f"--config.n_rollout_threads ({config.n_rollout_threads}), or set --config.remat=True. "
+            f"out of device memory in the trainer's passes over {rows} rows of up to {settings.max_length} tokens: "
+            f"lower --config.micro_batch_size (now {micro}; rows per forward and backward), "
+            f"--config.max_new_tokens ({settings.max_new_tokens}) or --config.n_rollout_threads "
+            f"({settings.prompts_per_iteration}), or set --config.remat=True. "
             f"XLA said: {text.splitlines()[0][:300]}"
         ) from error
 
 
-ROLLOUT_SOURCES = {"sync": SyncRollouts, "async": AsyncRollouts, "env": EnvRollouts}
-"""Where an iteration's rollouts come from (the protocol: `collect.SyncRollouts`): made when asked with the current
-weights; by a generator thread running ahead (`async_ppo`); or by multi-turn episodes (`env_name`)."""
+def _sync_rollouts(run: Run) -> SyncRollouts:
+    return SyncRollouts(run.rollouts)
+
+
+def _async_rollouts(run: Run) -> AsyncRollouts:
+    """The generator thread, resuming the batches the run's checkpoint saved."""
+    return AsyncRollouts(
+        run.rollouts,
+        max_head_offpolicyness=run.settings.max_staleness,
+        start_iteration=run.start_iteration,
+        total_iterations=run.settings.total_iterations,
+        params=run.state.params,
+        policy_version=int(run.state.policy_version),
+        pending_rollouts=run.pending_rollouts,
+    )
+
+
+def _env_rollouts(run: Run) -> EnvRollouts:
+    return EnvRollouts(run.rollouts, run.env_name, run.gamma)
+
+
+ROLLOUT_SOURCES = {"sync": _sync_rollouts, "async": _async_rollouts, "env": _env_rollouts}
+"""Where an iteration's rollouts come from (`Run.source_kind`; the protocol: `collect.SyncRollouts`): made when
+asked with the current weights; by a generator thread running ahead (`async_ppo`); or by multi-turn episodes
+(`env_name`)."""
 
 
 def rollout_source(run: Run):
-    c = run.config
-    kind = "env" if c.env_name else "async" if c.algorithm_name == "async_ppo" else "sync"
-    return ROLLOUT_SOURCES[kind](run)
+    return ROLLOUT_SOURCES[run.source_kind](run)
 
 
 GRADER_RATES = ("reward/accuracy", "reward/no_answer_rate")  # logged as rollout/accuracy, rollout/no_answer_rate
 
 
-def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
-    """One iteration (see the module docstring); updates `run.state` and tells `source` (default: the synchronous
-    loop's, which gives the sampler the new weights)."""
+def train_iteration(
+    state: TrainState, iteration: int, source, batches: BatchMaker, update: Callable, settings: RunSettings
+) -> Tuple[TrainState, Dict[str, int], Dict[str, float]]:
+    """One iteration (see the module docstring): (the new state, the data position of the batch it trained on,
+    the iteration's metrics). `source` hears of the new weights (the synchronous loop's gives them to the sampler).
+
+    The minibatch order is drawn on the host from (seed, updates so far): the key the state holds after its
+    `state.step` updates (`state.rng_after`), as the update would draw it."""
     start = time.perf_counter()
-    source = source or SyncRollouts(run)
+    updates, version = (int(x) for x in jax.device_get((state.step, state.policy_version)))
     got = source.get(iteration)
     rollouts, scores, reward_metrics = got.rollouts, got.scores, got.reward_metrics
-    run.data_state = got.data_state
     waited = time.perf_counter() - start
-    staleness = int(run.state.policy_version) - rollouts.policy_version
-    if staleness > run.config.max_head_offpolicyness:
+    staleness = version - rollouts.policy_version
+    if staleness > settings.max_staleness:
         raise RuntimeError(
             f"iteration {iteration}: rollouts of version {rollouts.policy_version} are {staleness} versions old, over "
-            f"max_head_offpolicyness={run.config.max_head_offpolicyness}"
+            f"max_head_offpolicyness={settings.max_staleness}"
         )
-    if run.config.reward_source == "prm":
+    if settings.step_rewards_only:
         scores = np.zeros_like(scores)  # step rewards only
-    if run.config.shuffle_rewards:
-        scores = shuffled_rewards(scores, run.config.seed, iteration)
-    with out_of_memory_hint(run.config, len(rollouts)):
+    if settings.shuffle_rewards:
+        scores = shuffled_rewards(scores, settings.seed, iteration)
+    with out_of_memory_hint(settings, len(rollouts)):
         passes_start = time.perf_counter()
         batch, batch_metrics = prepare_batch(
-            run,
+            batches,
+            state,
             rollouts,
             scores,
+            rng=state_lib.rng_after(settings.seed, updates),
             action_rewards=got.action_rewards,
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
         )
         jax.block_until_ready(batch)
         update_start = time.perf_counter()
-        with mesh_context(run):
-            run.state, update_metrics = run.update(run.state, batch)
+        with mesh_context(batches.mesh):
+            state, update_metrics = update(state, batch)
         update_metrics = jax.device_get(update_metrics)
     sync_start = time.perf_counter()
-    source.updated(iteration, run.state.params, int(run.state.policy_version))
+    source.updated(iteration, state.params, version + 1)  # each update bumps the policy version
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
     tokens = int(lengths.sum())
@@ -153,7 +158,7 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         "perf/tokens_per_second": tokens / max(done - start, 1e-9),
         "async/staleness": float(staleness),
         "async/policy_version": float(rollouts.policy_version),
-        "train/update_step": float(run.state.step),
+        "train/update_step": float(updates + 1),
         **(
             {"rollout/prm_reward": float(got.action_rewards.sum(axis=1).mean())}
             if got.action_rewards is not None
@@ -164,20 +169,19 @@ def train_iteration(run: Run, iteration: int, source=None) -> Dict[str, float]:
         # The grader's verdicts, where one graded (not for reward functions alone, nor a custom reward_fn's
         # rewards without them): absent rather than NaN.
         **{f"rollout/{k[len('reward/') :]}": v for k, v in reward_metrics.items() if k in GRADER_RATES},
+        **{f"train/{k}": float(v) for k, v in update_metrics.items()},  # the update's names (`metric_names`)
     }
-    for key, value in update_metrics.items():
-        metrics[RENAMES.get(key, f"train/{key}")] = float(value)
-    return metrics
+    return state, got.data_state, metrics
 
 
 def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Dict[str, Any]]] = None) -> bool:
     """Checkpoints the state after `iteration`, with the data position and the batches a generator `pending`
     had made ahead (`SyncRollouts.pending`)."""
     metadata = {
-        "data": run.data_state or run.loader.state(),
+        "data": run.data_state or run.rollouts.loader.state(),
         "iteration": iteration,
         PENDING_KEY: pending or [],
-        SHAPES_KEY: dict(run.shape_floors),
+        SHAPES_KEY: dict(run.batches.shape_floors),
     }
     return run.checkpointer.save(iteration, run.state, metadata, force=force)
 
@@ -185,9 +189,11 @@ def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[Lis
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
     """Greedy held-out accuracy; with `sampled`, also pass@k from `eval_n_samples` samples at the RL
     temperature (pass@1 is the sampled accuracy). Writes `run_dir/samples/` (`write_samples`)."""
-    c = run.config
-    n_samples = c.eval_n_samples if sampled else 0
-    metrics = held_out_accuracy(c, run.sampler, run.codec, run.grader, run.eval_prompts, run.eval_golds, n_samples)
+    r = run.rollouts
+    n_samples = run.evaluation.n_samples if sampled else 0
+    metrics = held_out_accuracy(
+        run.evaluation, r.sampler, r.codec, r.grader, run.eval_prompts, run.eval_golds, n_samples
+    )
     write_samples(run, iteration)
     return metrics
 
@@ -196,30 +202,22 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     """Writes `run_dir/samples/iteration_<k>.jsonl` (process 0): the first `num_logged_samples` held-out prompts,
     each with its greedy completion and 4 samples at the RL temperature, graded by the verifier
     (`completion_samples`; a run trained on PRM or custom rewards still logs the verifier's)."""
-    c = run.config
-    count = min(c.num_logged_samples, len(run.eval_prompts))
+    count = min(run.evaluation.num_logged_samples, len(run.eval_prompts))
     if count == 0:
         return None
-    sampled = SamplingParams(
-        n=4,
-        temperature=c.temperature,
-        top_p=c.top_p,
-        max_new_tokens=c.max_new_tokens,
-        seed=zlib.crc32(f"samples:{c.seed}:{iteration}".encode()) & 0x7FFFFFFF,  # not the training rollouts' seed
-    )
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=c.max_new_tokens)
+    r = run.rollouts
     records = completion_samples(
-        run.sampler,
+        r.sampler,
         run.eval_prompts[:count],
         run.eval_golds[:count],
-        run.grader,
-        run.codec.decode,
-        [greedy, sampled],
-        values=run.grader.grader.values,
+        r.grader,
+        r.codec.decode,
+        run.evaluation.logged_sampling(iteration),
+        values=r.grader.grader.values,
     )  # sampled and graded by every process (collectives); written by process 0
     if not distributed.is_main_process():
         return None
-    directory = os.path.join(run.run_dir, "samples")
+    directory = os.path.join(run.settings.run_dir, "samples")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"iteration_{iteration:06d}.jsonl")
     with files.atomic_write(path) as f:
@@ -243,25 +241,26 @@ def train(
     rewards (e.g. a custom verifier); `on_metrics(iteration, metrics)` sees every iteration's metrics.
     """
     run = build_run(config, reward_fn, reward_functions)
-    c = config
+    settings = run.settings
     source = rollout_source(run)
     summary: Dict[str, Any] = {
         "warmstart": run.warmstart_metrics,
         "eval": [],
         "num_eval_problems": len(run.eval_prompts),
     }
+    total = settings.total_iterations
     progress = Progress(
-        run.total_iterations,
+        total,
         initial_step=run.start_iteration,
         keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"),
-        disable=not c.progress,
+        disable=not settings.progress,
         desc="RL",
     )
     try:
         if run.start_iteration:
             progress.write(
-                f"resuming {run.run_dir} from its checkpoint of iteration {run.start_iteration} "
-                f"({run.total_iterations - run.start_iteration} of {run.total_iterations} iterations to go)"
+                f"resuming {settings.run_dir} from its checkpoint of iteration {run.start_iteration} "
+                f"({total - run.start_iteration} of {total} iterations to go)"
             )
         if run.warmstart_metrics:
             run.logger.log(0, run.warmstart_metrics)
@@ -272,23 +271,25 @@ def train(
                     run.warmstart_metrics["warmstart/seconds"],
                 )
             )
-        if run.start_iteration == 0 and c.eval_interval:
+        if run.start_iteration == 0 and settings.eval_interval:
             with source.current_weights():
                 metrics = run_eval(run, 0, sampled=True)
             run.logger.log(0, metrics)
             summary["eval"].append((0, metrics["eval/accuracy"]))
             summary["eval_start"] = metrics
             progress.update(0, metrics)
-        for iteration in range(run.start_iteration + 1, run.total_iterations + 1):
-            metrics = train_iteration(run, iteration, source)
-            last = iteration == run.total_iterations
-            if c.eval_interval and (iteration % c.eval_interval == 0 or last):
+        for iteration in range(run.start_iteration + 1, total + 1):
+            run.state, run.data_state, metrics = train_iteration(
+                run.state, iteration, source, run.batches, run.update, settings
+            )
+            last = iteration == total
+            if settings.eval_interval and (iteration % settings.eval_interval == 0 or last):
                 with source.current_weights():
                     metrics.update(run_eval(run, iteration, sampled=last))
                 summary["eval"].append((iteration, metrics["eval/accuracy"]))
                 if last:
                     summary["eval_end"] = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-            if iteration % c.log_interval == 0 or "eval/accuracy" in metrics:
+            if iteration % settings.log_interval == 0 or "eval/accuracy" in metrics:
                 run.logger.log(iteration, metrics)
             progress.update(iteration, metrics)
             if on_metrics is not None:
@@ -296,10 +297,10 @@ def train(
             if run.checkpointer.should_save(iteration) or last:
                 save(run, iteration, force=last, pending=source.pending(iteration))
         summary["state"] = run.state
-        summary["final_iteration"] = run.total_iterations
-        final = os.path.join(run.run_dir, "final_model")
+        summary["final_iteration"] = total
+        final = os.path.join(settings.run_dir, "final_model")
         # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
-        if c.export_final and (run.total_iterations > run.start_iteration or not os.path.isdir(final)):
+        if settings.export_final and (total > run.start_iteration or not os.path.isdir(final)):
             model_config = nnx.merge(run.graphdef, run.state.params).config
             params = distributed.fetch(run.state.params)  # every process takes part in gathering the shards
             distributed.on_main_process(
@@ -312,7 +313,7 @@ def train(
         source.close()
         progress.close()
         run.checkpointer.close()
-        release_run_dir(run.run_dir)  # the directory is free for the next run of this process or another
+        release_run_dir(settings.run_dir)  # the directory is free for the next run of this process or another
         run.logger.close()
-        run.grader.close()
+        run.rollouts.grader.close()
     return summary

@@ -105,7 +105,7 @@ class MetricsLogger:
       logdir: the run directory (created).
       tensorboard: write tensorboardX event files.
       jsonl: append to `<logdir>/metrics.jsonl`.
-      wandb: None, or the `wandb_writer.WandbWriter` settings (`project`, `mode`, `config`): log the same
+      wandb: None, or the `wandb_writer.WandbWriter` settings (`project`, `mode`, `recorded`): log the same
         values to a wandb run too (offline by default).
       main_process: whether this process writes; default `is_main_process()`. On
         the other processes `log` and `close` do nothing.

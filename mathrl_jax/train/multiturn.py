@@ -12,6 +12,7 @@ the batch (`losses.rebn_advantages`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Dict, List
 
@@ -19,8 +20,8 @@ import numpy as np
 
 from mathrl_jax import losses
 from mathrl_jax.envs import GuessTheNumberEnv, VectorEnv, run_episodes
-from mathrl_jax.sampling import Rollouts, SamplingParams
-from mathrl_jax.train.collect import Collected, SyncRollouts, iteration_seed
+from mathrl_jax.sampling import Rollouts
+from mathrl_jax.train.collect import Collected, RolloutMaker, SyncRollouts, iteration_seed
 
 ENVS = {"guess_number": GuessTheNumberEnv}
 
@@ -45,50 +46,44 @@ def conversation_prompt(codec, episode, template: str) -> str:
 class EnvRollouts(SyncRollouts):
     """A rollout source that plays multi-turn episodes; rows are turns, padded to a fixed count."""
 
-    def __init__(self, run):
-        self.run = run
-        c = run.config
-        self.env_fn = ENVS[c.env_name]
-        self.rows = c.n_rollout_threads * c.episode_length  # fixed: one compiled update
+    def __init__(self, maker: RolloutMaker, env_name: str, gamma: float):
+        self.maker = maker
+        self.env_fn = ENVS[env_name]
+        self.gamma = gamma
+        s = maker.settings
+        self.rows = s.prompts_per_iteration * s.episode_length  # fixed: one compiled update
 
     def get(self, iteration: int):
-        run, c = self.run, self.run.config
+        maker, s = self.maker, self.maker.settings
         start = time.perf_counter()
-        vector_env = VectorEnv([self.env_fn for _ in range(c.n_rollout_threads)])
+        vector_env = VectorEnv([self.env_fn for _ in range(s.prompts_per_iteration)])
         turns: Dict[int, List] = {}
         versions = []
 
         def policy(episodes):
             prompts = []
             for episode in episodes:
-                ids = run.codec.encode(conversation_prompt(run.codec, episode, c.prompt_template))
-                prompts.append(ids[-c.max_prompt_length :])  # keep the latest context within the budget
-            params = SamplingParams(
-                n=1,
-                temperature=c.temperature,
-                top_p=c.top_p,
-                top_k=c.top_k,
-                max_new_tokens=c.max_new_tokens,
-                seed=iteration_seed(c, iteration * 1000 + len(versions)),
-            )
-            out = run.sampler.generate(prompts, params)
+                ids = maker.codec.encode(conversation_prompt(maker.codec, episode, s.prompts.template))
+                prompts.append(ids[-s.prompts.max_length :])  # keep the latest context within the budget
+            params = dataclasses.replace(s.sampling, n=1, seed=iteration_seed(s.seed, iteration * 1000 + len(versions)))
+            out = maker.sampler.generate(prompts, params)
             versions.append(out.policy_version)
-            texts = out.texts or [run.codec.decode(ids) for ids in out.completion_ids]
+            texts = out.texts or [maker.codec.decode(ids) for ids in out.completion_ids]
             for row, episode in enumerate(episodes):
                 turns.setdefault(id(episode), []).append(
                     (prompts[row], out.completion_ids[row], out.logprobs[row], out.policy_logprobs[row])
                 )
             return texts
 
-        seeds = [iteration_seed(c, iteration) + e for e in range(c.n_rollout_threads)]
-        episodes = run_episodes(vector_env, policy, seeds, c.episode_length)
-        turn_rewards = np.zeros((len(episodes), c.episode_length), np.float32)
+        seeds = [iteration_seed(s.seed, iteration) + e for e in range(s.prompts_per_iteration)]
+        episodes = run_episodes(vector_env, policy, seeds, s.episode_length)
+        turn_rewards = np.zeros((len(episodes), s.episode_length), np.float32)
         turn_mask = np.zeros_like(turn_rewards)
         for e, episode in enumerate(episodes):
             k = len(episode.rewards)
             turn_rewards[e, :k] = episode.rewards
             turn_mask[e, :k] = 1.0
-        advantages = np.asarray(losses.rebn_advantages(turn_rewards, turn_mask, gamma=c.gamma))
+        advantages = np.asarray(losses.rebn_advantages(turn_rewards, turn_mask, gamma=self.gamma))
         rows = {"prompt": [], "completion": [], "lp": [], "plp": [], "adv": []}
         for e, episode in enumerate(episodes):
             for k, (prompt, completion, lp, plp) in enumerate(turns.get(id(episode), [])[: len(episode.rewards)]):
@@ -96,7 +91,7 @@ class EnvRollouts(SyncRollouts):
                     rows[key].append(value)
         real = len(rows["adv"])
         for _ in range(self.rows - real):  # empty rows: no response tokens, no effect on the loss
-            for key, value in zip(rows, ([run.codec.pad_token_id], [], np.zeros(0, np.float32), np.zeros(0), 0.0)):
+            for key, value in zip(rows, ([maker.codec.pad_token_id], [], np.zeros(0, np.float32), np.zeros(0), 0.0)):
                 rows[key].append(value)
         rollouts = Rollouts(
             prompt_ids=rows["prompt"],
@@ -120,7 +115,7 @@ class EnvRollouts(SyncRollouts):
         row_mask[:real] = 1.0
         scores = np.zeros(self.rows, np.float32)
         scores[:real] = [turn_rewards[e, k] for e, ep in enumerate(episodes) for k in range(len(ep.rewards))][:real]
-        collected = Collected(rollouts, scores, metrics, run.loader.state(), time.perf_counter() - start)
+        collected = Collected(rollouts, scores, metrics, maker.loader.state(), time.perf_counter() - start)
         collected.row_advantages = np.asarray(rows["adv"], np.float32)
         collected.row_mask = row_mask
         return collected

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import List
 
 from mathrl_jax.data import arithmetic, prompts, sources
-from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.train.validation import fail
 
 
@@ -81,21 +82,39 @@ def _keep_subject(problems, subject: str, path: str):
     return kept
 
 
-def encode_prompts(config, codec: TextCodec, problems) -> List[List[int]]:
+@dataclasses.dataclass(frozen=True)
+class PromptSettings:
+    """How a problem becomes a prompt: the template (`data.prompts.TEMPLATE_NAMES`) and the longest prompt."""
+
+    template: str
+    max_length: int
+
+    def __post_init__(self):
+        if self.template not in prompts.TEMPLATE_NAMES:
+            raise ValueError(f"unknown prompt_template {self.template!r}; expected one of {prompts.TEMPLATE_NAMES}")
+        if self.max_length < 1:
+            raise ValueError(f"max_prompt_length={self.max_length} must be >= 1")
+
+
+def prompt_settings(config) -> PromptSettings:
+    return PromptSettings(config.prompt_template, int(config.max_prompt_length))
+
+
+def encode_prompts(settings: PromptSettings, codec: TextCodec, problems) -> List[List[int]]:
     out = []
     for problem in problems:
-        text = prompts.format_prompt(problem.question, config.prompt_template, tokenizer=codec.tokenizer)
+        text = prompts.format_prompt(problem.question, settings.template, tokenizer=codec.tokenizer)
         ids = codec.encode(text)
-        if len(ids) > config.max_prompt_length:
+        if len(ids) > settings.max_length:
             fail(
                 f"problem {problem.uid!r} has a {len(ids)}-token prompt, over --config.max_prompt_length="
-                f"{config.max_prompt_length}: raise it, or drop the longer problems from the data file"
+                f"{settings.max_length}: raise it, or drop the longer problems from the data file"
             )
         out.append(ids)
     return out
 
 
-def check_prompts(config, codec: TextCodec, train_problems, eval_problems) -> None:
+def check_prompts(settings: PromptSettings, codec: TextCodec, train_problems, eval_problems) -> None:
     """Fails now, not at iteration 500, on a prompt over `max_prompt_length` (the first 1000 training ones)."""
-    encode_prompts(config, codec, eval_problems)
-    encode_prompts(config, codec, train_problems[:1000])
+    encode_prompts(settings, codec, eval_problems)
+    encode_prompts(settings, codec, train_problems[:1000])

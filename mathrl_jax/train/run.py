@@ -1,54 +1,79 @@
-"""`Run`: everything one training run holds, built by `build.build_run`."""
+"""`Run`: everything one training run holds, built by `build.build_run`, and `RunSettings`, the loop's section."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional
 
-from mathrl_jax.data import sources
-from mathrl_jax.rewards.math_grader import MathGrader
 from mathrl_jax.train import state as state_lib
+from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.codec import TextCodec
+from mathrl_jax.train.collect import RolloutMaker
+from mathrl_jax.train.evaluation import EvalSettings
 from mathrl_jax.train.metrics import MetricsLogger
 
 RewardFn = Callable[[List[str], List[str]], Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The loop's section of the run's settings (made by the build): where the run lives, how long it runs, what
+    it logs and evaluates, and what an iteration does with the rewards before the batch.
+
+    max_staleness: the oldest policy version a batch may come from, in versions behind the learner
+      (`max_head_offpolicyness`).
+    step_rewards_only: the PRM's step scores are the whole reward (`reward_source="prm"`): the verifier's are
+      zeroed.
+    shuffle_rewards: the control run (`batch.shuffled_rewards`).
+    micro_batch_size, num_mini_batch, max_new_tokens, max_length, prompts_per_iteration: named by the
+      out-of-memory message, the options that size the trainer's passes.
+    """
+
+    run_dir: str
+    total_iterations: int
+    seed: int = 0
+    eval_interval: int = 0
+    log_interval: int = 1
+    progress: bool = True
+    export_final: bool = True
+    max_staleness: int = 0
+    step_rewards_only: bool = False
+    shuffle_rewards: bool = False
+    micro_batch_size: int = 0
+    num_mini_batch: int = 1
+    max_new_tokens: int = 1
+    max_length: int = 2
+    prompts_per_iteration: int = 1
+
+    def __post_init__(self):
+        if self.total_iterations < 0 or self.eval_interval < 0 or self.log_interval < 1 or self.max_staleness < 0:
+            raise ValueError(
+                f"total_iterations={self.total_iterations}, eval_interval={self.eval_interval}, log_interval="
+                f"{self.log_interval}, max_staleness={self.max_staleness}: out of range"
+            )
+
+
 @dataclasses.dataclass
 class Run:
-    """Set once by `build_run`; during the run the loop replaces only `state` (each update) and `data_state`
-    (the data position of the last batch the learner consumed, saved with each checkpoint)."""
+    """Set once by `build_run`; the loop carries the state (`train_iteration` returns the next one) and the data
+    position of the last batch the learner consumed (saved with each checkpoint)."""
 
-    config: Any
-    run_dir: str
-    codec: TextCodec
+    settings: RunSettings
     graphdef: Any
     state: state_lib.TrainState
-    ref_params: Any
-    critic_graphdef: Any
-    sampler: Any
-    grader: MathGrader
-    loader: sources.ProblemLoader
+    rollouts: RolloutMaker  # the sampler, tokenizer, problems and rewards
+    batches: BatchMaker  # the trainer's passes, the reference, the shapes the batches have grown to
+    update: Callable
+    evaluation: EvalSettings
     eval_prompts: List[List[int]]
     eval_golds: List[str]
-    update: Callable
-    skip_zero_advantage: bool  # the update's: its packing plans leave out the rows with no non-zero advantage
-    logprobs: Callable
-    values: Optional[Callable]
     checkpointer: Checkpointer
     logger: MetricsLogger
-    mesh: Any
-    total_iterations: int
     start_iteration: int
     warmstart_metrics: Dict[str, float]
-    reward_fn: Optional[RewardFn] = None  # (texts, golds) -> (scores [N], metrics); default: the math grader
-    reward_functions: Any = None  # rewards.functions.RewardFunctions (reward_source with "functions")
-    data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
-    prm: Any = None  # rewards.prm.ProcessRewardModel with reward_source "prm" / "prm+verifier"
+    source_kind: str = "sync"  # which `loop.ROLLOUT_SOURCES` makes the batches
+    env_name: str = ""  # multi-turn: the environment
+    gamma: float = 1.0  # multi-turn: ReBN's discount
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
     pending_rollouts: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # resumed async batches
-    # High-water marks of the batch's shapes (its width, the packing plans' dimensions): a batch is planned at
-    # least as large as any before it, so the update and the passes compile once per growth, not per batch.
-    # Saved with each checkpoint, so a resumed run pads and packs as the uninterrupted one.
-    shape_floors: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch

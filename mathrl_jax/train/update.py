@@ -1,6 +1,6 @@
-"""The jitted PPO-style update: `ppo_epochs` x `num_mini_batches` optimizer steps on one batch of rollouts.
+"""The jitted PPO-style update: `ppo_epoch` x `num_mini_batch` optimizer steps on one batch of rollouts.
 
-    update = make_update_fn(graphdef, optimizer, UpdateConfig(ppo_epochs=1, num_mini_batches=4))
+    update = make_update_fn(graphdef, optimizer, UpdateConfig(ppo_epoch=1, num_mini_batch=4))
     state, metrics = update(state, batch)
 
 Batch (all `[N, L]`, row layout of `Rollouts.to_batch`: column c holds token c,
@@ -34,109 +34,20 @@ the step as non-finite.)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 from mathrl_jax import losses
-from mathrl_jax.train import packing, update_metrics
+from mathrl_jax.train import update_metrics
+from mathrl_jax.train.minibatches import ORDER, PACKED, minibatch_order
 from mathrl_jax.train.passes import critic_values, packed_inputs, policy_logprobs, unpack
 from mathrl_jax.train.state import TrainState
-
-WHITENING = (None, "actions", "nonzero")
-PACKED = "packed"  # the batch key of a packing plan (`packing.plan_update`); micro-batches hold packed inputs
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateConfig:
-    """Static settings of the update (one compiled program per config)."""
-
-    ppo_epochs: int = 1
-    num_mini_batches: int = 1
-    micro_batch_size: Optional[int] = None  # rows per gradient-accumulation chunk; None (or >= the minibatch): all
-    policy_loss: str = "ppo"
-    clip_low: float = 0.2
-    clip_high: Optional[float] = None  # DAPO clip-higher: 0.28
-    clip_c: Optional[float] = None  # dual clip
-    behaviour_weight_cap: Optional[float] = None  # decoupled loss
-    loss_agg_mode: str = "token-mean"
-    norm_constant: Optional[float] = None
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0  # KL to the reference in the loss (GRPO); 0 disables
-    kl_kind: str = "k3"
-    value_clip: Optional[float] = 0.2
-    value_loss_type: str = "mse"  # or "huber", "huber_one_sided" (OpenR's)
-    huber_delta: float = 10.0
-    target_kl: Optional[float] = None  # OpenR: a minibatch over it does not step the policy
-    # Standardise advantages per minibatch, as OpenR: over its actions (APPO, unbiased std) or over its non-zero
-    # token advantages (TPPO, biased std); None leaves them as given.
-    minibatch_whitening: Optional[str] = None
-    temperature: float = 1.0  # log-probs at the sampler's temperature
-    # Rows whose every advantage is 0 are no term of the loss and no metric's (the denominator still counts them);
-    # only where that changes no gradient (`zero_advantage_rows_are_inert`).
-    skip_zero_advantage: bool = False
-
-    def __post_init__(self):
-        if self.policy_loss not in losses.POLICY_LOSSES:
-            raise ValueError(f"policy_loss={self.policy_loss!r}: expected one of {tuple(losses.POLICY_LOSSES)}")
-        if self.ppo_epochs < 1 or self.num_mini_batches < 1:
-            raise ValueError(f"ppo_epochs={self.ppo_epochs}, num_mini_batches={self.num_mini_batches}: must be >= 1")
-        if self.loss_agg_mode not in losses.LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r}: expected one of {losses.LOSS_AGG_MODES}")
-        if self.minibatch_whitening not in WHITENING:
-            raise ValueError(f"minibatch_whitening={self.minibatch_whitening!r}: expected one of {WHITENING}")
-        if self.value_loss_type not in losses.value.VALUE_LOSS_TYPES:
-            raise ValueError(
-                f"value_loss_type={self.value_loss_type!r}: expected one of {losses.value.VALUE_LOSS_TYPES}"
-            )
-        if self.skip_zero_advantage and not zero_advantage_rows_are_inert(self):
-            raise ValueError(
-                f"skip_zero_advantage=True needs a loss that a zero-advantage row adds nothing to: policy_loss in "
-                f"{INERT_AT_ZERO_ADVANTAGE} (got {self.policy_loss!r}), kl_coef=0 (got {self.kl_coef}), "
-                f"entropy_coef=0 (got {self.entropy_coef}), minibatch_whitening=None (got "
-                f"{self.minibatch_whitening!r}), target_kl=None (got {self.target_kl})"
-            )
-
-
-# The library's policy losses that are 0, with zero gradient, on a token whose advantage is 0.
-INERT_AT_ZERO_ADVANTAGE = ("ppo", "action_ppo", "decoupled_ppo", "gspo", "reinforce")
-
-
-def zero_advantage_rows_are_inert(cfg: UpdateConfig, has_critic: bool = False) -> bool:
-    """Whether a row whose every advantage is 0 adds nothing to the update's gradient: the policy loss is one of
-    `INERT_AT_ZERO_ADVANTAGE`, and no other term reads the row (a KL or entropy term in the loss, a critic,
-    per-minibatch whitening, which moves its zeros, or `target_kl`, whose approx-KL averages its ratios)."""
-    return (
-        cfg.policy_loss in INERT_AT_ZERO_ADVANTAGE
-        and not cfg.kl_coef
-        and not cfg.entropy_coef
-        and cfg.minibatch_whitening is None
-        and cfg.target_kl is None
-        and not has_critic
-    )
-
-
-def _policy_loss_args(cfg: UpdateConfig, mb: Dict[str, jax.Array], denominator) -> Dict[str, Any]:
-    """The keyword arguments of `cfg.policy_loss` (a `losses.registry` name) beyond (logp, old, adv, mask)."""
-    agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
-    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c)
-    if cfg.policy_loss == "ppo":
-        return {**clip, **agg}
-    if cfg.policy_loss == "action_ppo":  # APPO as OpenR: one ratio per action, averaged over the actions
-        return dict(
-            action_index=mb["action_index"], clip_low=cfg.clip_low, clip_high=cfg.clip_high, denominator=denominator
-        )
-    if cfg.policy_loss == "decoupled_ppo":
-        return dict(
-            proximal_logprobs=mb["proximal_logprobs"], behaviour_weight_cap=cfg.behaviour_weight_cap, **clip, **agg
-        )
-    return agg  # gspo, reinforce, or a loss of the user's with the aggregation arguments
+from mathrl_jax.train.update_config import UpdateConfig, policy_loss_use
 
 
 def _forward(fn: Callable, mb: Dict[str, jax.Array], *args):
@@ -151,34 +62,39 @@ def _forward(fn: Callable, mb: Dict[str, jax.Array], *args):
 def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
     logp, entropy = _forward(functools.partial(policy_logprobs, graphdef, params), mb, cfg.temperature)
     mask = mb["response_mask"]
-    loss_fn = losses.get_policy_loss(cfg.policy_loss)
-    loss, metrics = loss_fn(logp, mb["old_logprobs"], mb["advantages"], mask, **_policy_loss_args(cfg, mb, denominator))
+    loss_fn, use = losses.get_policy_loss(cfg.policy_loss), policy_loss_use(cfg.policy_loss)
+    loss, metrics = loss_fn(logp, mb["old_logprobs"], mb["advantages"], mask, **use.args(cfg, mb, denominator))
     metrics = {"policy_loss": loss, **metrics}
-    if cfg.policy_loss == "action_ppo":  # OpenR: each action's mean token entropy, averaged over actions
+    if use.per_action:  # OpenR: each action's mean token entropy, averaged over actions
         starts = losses.action_starts_from_index(mb["action_index"], mask)
         action_entropy = losses.action_means(entropy, mb["action_index"], mask)
         entropy_term = jnp.sum(action_entropy * starts) / jnp.maximum(denominator, 1e-8)
-        metrics["entropy"] = losses.masked_mean(action_entropy, starts)
+        metrics["entropy_loss"] = losses.masked_mean(action_entropy, starts)
     else:
         entropy_term = losses.aggregate_loss(entropy, mask, cfg.loss_agg_mode, cfg.norm_constant, denominator)
-        metrics["entropy"] = losses.masked_mean(entropy, mask)
+        metrics["entropy_loss"] = losses.masked_mean(entropy, mask)
     total = loss - cfg.entropy_coef * entropy_term
     if cfg.kl_coef:
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
         kl, _ = losses.kl_loss(logp, mb["ref_logprobs"], mask, kind=cfg.kl_kind, **agg)
         metrics["kl"] = kl
         total = total + cfg.kl_coef * kl
-    if cfg.policy_loss == "action_ppo":
-        metrics["approx_kl_k3"] = metrics.pop("approx_kl")  # over actions: (r_a - 1) - log r_a
+    # The names logged (`metric_names`, under "train/"): approx_kl is (r - 1) - log r, ppo_kl the k1 estimate.
+    if use.per_action:  # the loss's approx_kl is over actions: (r_a - 1) - log r_a
         metrics.pop("num_actions")
     else:  # (r - 1) - log r over tokens, r = pi / pi_old
-        metrics["approx_kl_k3"] = losses.masked_mean(losses.kl_k3(mb["old_logprobs"], logp), mask)
+        if "approx_kl" in metrics:
+            metrics["ppo_kl"] = metrics.pop("approx_kl")
+        metrics["approx_kl"] = losses.masked_mean(losses.kl_k3(mb["old_logprobs"], logp), mask)
+    for loss_name, name in (("ratio_mean", "importance_weight"), ("ratio_max", "importance_weight_max")):
+        if loss_name in metrics:  # the losses' names of the ratio pi / pi_old
+            metrics[name] = metrics.pop(loss_name)
     return total, metrics
 
 
 def _policy_units(cfg: UpdateConfig, mb) -> jax.Array:
     """`[..., L]` 1 on what the policy loss averages over: tokens, or each action's first token (action-level)."""
-    if cfg.policy_loss != "action_ppo":
+    if not policy_loss_use(cfg.policy_loss).per_action:
         return mb["response_mask"]
     index, mask = mb["action_index"], mb["response_mask"]
     flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
@@ -223,8 +139,8 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
     returns = mb["returns"].astype(jnp.float32)
     error = returns - jax.lax.stop_gradient(values)
     sums = {"count": mask, "returns": returns, "returns_sq": returns**2, "error": error, "error_sq": error**2}
-    metrics.update({f"sum_{k}": jnp.sum(x * mask) for k, x in sums.items()})
-    return loss, {"value_loss": loss, **{f"value_{k}": v for k, v in metrics.items() if k != "value_loss"}}
+    metrics.update({f"value_sum_{k}": jnp.sum(x * mask) for k, x in sums.items()})
+    return loss, metrics  # value_loss, value_clip_fraction, value_mean, the value_sum_* of explained variance
 
 
 def _accumulate(objective: Callable, params, micro_batches, denominator, units):
@@ -285,62 +201,6 @@ def _apply_if(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def minibatch_order(rng: jax.Array, rows: int, epochs: int, num_mini_batches: int) -> Tuple[jax.Array, jax.Array]:
-    """(the next RNG key, `[epochs * num_mini_batches, rows / num_mini_batches]` row indices): each epoch a fresh
-    permutation of the rows, cut into minibatches in order. `rng` is the TrainState's raw key data."""
-    key, perm_key = jax.random.split(jax.random.wrap_key_data(rng))
-    perms = jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(perm_key, epochs)])
-    return key, perms.reshape(epochs * num_mini_batches, rows // num_mini_batches)
-
-
-_minibatch_order = jax.jit(minibatch_order, static_argnums=(1, 2, 3))  # one program on the host's side
-
-
-def with_packing(
-    batch: Dict[str, Any],
-    rng: jax.Array,
-    *,
-    epochs: int,
-    num_mini_batches: int,
-    row_tokens: int,
-    max_rows_per_micro: Optional[int] = None,
-    rows_multiple: int = 1,
-    skip_zero_advantage: bool = False,
-    min_shape: Optional[Tuple[int, int, int]] = None,
-) -> Dict[str, Any]:
-    """`batch` with a packing plan (`packing.plan_update`) under `PACKED`: the update then runs each
-    minibatch of `minibatch_order(rng, rows, epochs, num_mini_batches)` (`rng`: the TrainState's, the one
-    the update is given; `epochs` and `num_mini_batches` its `UpdateConfig`'s) on packed micro-batches of
-    at most `max_rows_per_micro` rows of `row_tokens` tokens (None: one micro-batch per minibatch).
-
-    `skip_zero_advantage` leaves out of the plan the rows whose every advantage is 0 (pass the update's
-    `UpdateConfig.skip_zero_advantage`: an update without it would give those rows' metrics no value).
-    `min_shape`: the plan's dimensions at least (`packing.plan_update`)."""
-    keys = ("attention_mask", "response_mask") + (("value_mask",) * ("value_mask" in batch))
-    host = {k: np.asarray(batch[k]) for k in keys + (("advantages",) * skip_zero_advantage)}
-    with_response = (host["response_mask"] > 0).any(axis=1)
-    if "value_mask" in host:
-        with_response |= host["value_mask"].sum(axis=1) > 0
-    trained, shape_rows = with_response, None
-    if skip_zero_advantage:  # the plan keeps the shape of training every row: no program per trained-row count
-        trained = with_response & ((host["response_mask"] > 0) & (host["advantages"] != 0)).any(axis=1)
-        shape_rows = with_response
-    rows = host["attention_mask"].shape[0]
-    _, order = _minibatch_order(rng, rows, epochs, num_mini_batches)
-    plan = packing.plan_update(
-        host["attention_mask"],
-        trained,
-        np.asarray(order),
-        row_tokens,
-        max_rows_per_micro=max_rows_per_micro,
-        rows_multiple=rows_multiple,
-        response_mask=host["response_mask"],
-        shape_rows=shape_rows,
-        min_shape=min_shape,
-    )
-    return {**batch, PACKED: jax.device_put(plan)}
-
-
 def make_update_fn(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
@@ -367,11 +227,15 @@ def make_update_fn(
     def update(state: TrainState, batch: Dict[str, jax.Array]):
         batch = dict(batch)
         plan = batch.pop(PACKED, None)
+        given_order = batch.pop(ORDER, None)
         rows = batch["input_ids"].shape[0]
-        if rows % cfg.num_mini_batches:
-            raise ValueError(f"batch of {rows} rows does not split into num_mini_batches={cfg.num_mini_batches}")
-        mini = rows // cfg.num_mini_batches
-        key, order = minibatch_order(state.rng, rows, cfg.ppo_epochs, cfg.num_mini_batches)
+        if rows % cfg.num_mini_batch:
+            raise ValueError(f"batch of {rows} rows does not split into num_mini_batch={cfg.num_mini_batch}")
+        mini = rows // cfg.num_mini_batch
+        if given_order is None:
+            key, order = minibatch_order(state.rng, rows, cfg.ppo_epoch, cfg.num_mini_batch)
+        else:  # the host drew it from this state's key (`minibatches.host_minibatch_order`); the key moves on alike
+            key, order = jax.random.split(jax.random.wrap_key_data(state.rng))[0], given_order
         # The denominators count the whole minibatch: a packing plan may leave rows out (no token, or with
         # `skip_zero_advantage` no non-zero advantage) that a loss's denominator counts.
         denominator_keys = [k for k in ("response_mask", "action_index", "value_mask") if k in batch]
@@ -379,7 +243,7 @@ def make_update_fn(
             micro = min(cfg.micro_batch_size or mini, mini)  # a micro-batch larger than the minibatch is all of it
             if mini % micro:
                 raise ValueError(f"minibatch of {mini} rows does not split into micro_batch_size={micro}")
-            steps = order.reshape(cfg.ppo_epochs * cfg.num_mini_batches, mini // micro, micro)
+            steps = order.reshape(cfg.ppo_epoch * cfg.num_mini_batch, mini // micro, micro)
             gather = lambda index: jax.tree.map(lambda x: x[index], batch)  # noqa: E731  [A, micro, ...]
         else:  # the plan's minibatches are `order`'s (packing.plan_update): its rows, packed into micro-batches
             steps = plan
@@ -393,7 +257,7 @@ def make_update_fn(
             whole = {k: batch[k][minibatch_rows] for k in denominator_keys}  # [mini, L]
             if cfg.minibatch_whitening:
                 micro_batches = dict(micro_batches, advantages=_whiten_minibatch(cfg, micro_batches))
-            if cfg.policy_loss == "action_ppo":
+            if policy_loss_use(cfg.policy_loss).per_action:
                 denominator = jnp.sum(_policy_units(cfg, whole))  # the minibatch's actions
             else:
                 denominator = losses.loss_denominator(whole["response_mask"], cfg.loss_agg_mode)
@@ -405,7 +269,7 @@ def make_update_fn(
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             kl_skip = jnp.zeros((), bool)
             if cfg.target_kl is not None:
-                kl_skip = metrics["approx_kl_k3"] > cfg.target_kl
+                kl_skip = metrics["approx_kl"] > cfg.target_kl
             apply = finite & ~kl_skip
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             params = _apply_if(apply, optax.apply_updates(params, updates), params)
@@ -426,7 +290,7 @@ def make_update_fn(
                 finite = finite & jnp.isfinite(v_loss) & jnp.isfinite(v_norm)
             skipped = skipped + (~finite).astype(jnp.int32)
             kl_skipped = kl_skipped + kl_skip.astype(jnp.int32)
-            metrics["applied"] = apply.astype(jnp.float32)
+            metrics["applied_fraction"] = apply.astype(jnp.float32)
             metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
             metrics["all_tokens"] = jnp.sum(whole["response_mask"]).astype(jnp.float32)
             return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), metrics
@@ -443,7 +307,7 @@ def make_update_fn(
             minibatch_step, init, (steps, order)
         )
         metrics = update_metrics.over_steps(per_step)
-        metrics["kl_skipped"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # fraction of policy steps
+        metrics["kl_skipped_fraction"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # of policy steps
         metrics["skipped_updates"] = skipped.astype(jnp.float32)
         new_state = state.replace(
             params=params,

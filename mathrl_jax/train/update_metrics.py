@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 
 # Per-minibatch quantities, not token averages: averaged over the minibatches that hold a response token.
-STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied")
+STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied_fraction")
 LOSS_SHARES = ("policy_loss", "kl", "value_loss")
-MAXIMA = ("ratio_max",)
+MAXIMA = ("importance_weight_max",)
 
 
 def _combine(key: str, values: jax.Array, weights: jax.Array) -> jax.Array:

@@ -13,7 +13,7 @@ from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import qwen
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
-from mathrl_jax.train import update as update_lib
+from mathrl_jax.train import update_config as update_lib
 from mathrl_jax.train.config_help import flat_items
 from mathrl_jax.train.metrics import REPORT_TO, report_sinks
 
@@ -209,12 +209,13 @@ def validate_settings(config) -> None:
         fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")
     if c.env_name and c.group_size != 1:
         fail(f"env_name={c.env_name!r}: one episode per environment, so group_size must be 1 (got {c.group_size})")
-    if algorithms.ALGORITHMS[c.algorithm_name].groups and c.group_size < 2:
+    algorithm = algorithms.ALGORITHMS[c.algorithm_name]
+    if algorithm.groups and c.group_size < 2:
         fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
-    if c.env_name and c.algorithm_name != "reinforce_rebn":
+    if c.env_name and not algorithm.multi_turn:
+        multi_turn = [name for name, a in algorithms.ALGORITHMS.items() if a.multi_turn]
         fail(
-            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name='reinforce_rebn', "
-            f"not {c.algorithm_name!r}"
+            f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name in {multi_turn}, not {c.algorithm_name!r}"
         )
     if c.reward_source not in REWARD_SOURCES:
         fail(f"unknown reward_source {c.reward_source!r}; expected one of {REWARD_SOURCES}")
@@ -234,7 +235,7 @@ def validate_settings(config) -> None:
         )
     if c.old_logprobs not in ("auto", "sampler", "trainer"):
         fail(f"unknown old_logprobs {c.old_logprobs!r}; expected 'auto', 'sampler' or 'trainer'")
-    if c.old_logprobs == "sampler" and (c.temperature != 1.0 or c.algorithm_name == "async_ppo" or c.env_name):
+    if c.old_logprobs == "sampler" and (c.temperature != 1.0 or algorithm.decoupled or c.env_name):
         fail(
             "old_logprobs='sampler' needs temperature=1.0 (the sampler reports the untempered policy's log-probs), "
             f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
@@ -252,21 +253,22 @@ def validate_settings(config) -> None:
         if c.vllm.dtype not in ("", "float32", "bfloat16", "float16"):
             fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype), 'float32', 'bfloat16' or 'float16'")
         filtered = c.top_p < 1.0 or c.top_k > 0
-        if (c.old_logprobs == "sampler" or c.algorithm_name == "async_ppo") and (filtered or c.temperature != 1.0):
+        if (c.old_logprobs == "sampler" or algorithm.decoupled) and (filtered or c.temperature != 1.0):
             fail(
                 "sampler='vllm' reports the policy's own log-probs only at temperature 1 without top_p / top_k (it "
                 "reports those of the distribution it sampled from); old_logprobs='sampler' and async_ppo's "
                 f"behaviour log-probs need them: got temperature={c.temperature}, top_p={c.top_p}, top_k={c.top_k}"
             )
     if c.tis_cap is not None:
-        loss = algorithms.ALGORITHMS[c.algorithm_name].policy_loss
+        loss = algorithm.policy_loss
         if not c.tis_cap > 0:
             fail(f"tis_cap={c.tis_cap} must be > 0 (the truncation C of min(pi_trainer / pi_sampler, C)), or None")
-        if loss not in ("ppo", "reinforce"):
+        if not update_lib.policy_loss_use(loss).token_weighted:
+            weighted = [name for name, use in update_lib.POLICY_LOSS_USES.items() if use.token_weighted]
             fail(
-                f"tis_cap={c.tis_cap} weights a token-level policy loss ('ppo', 'reinforce'); algorithm_name="
+                f"tis_cap={c.tis_cap} weights a token-level policy loss {weighted}; algorithm_name="
                 f"{c.algorithm_name!r} trains {loss!r}"
-                + (" whose behaviour weight already corrects for the sampler" if loss == "decoupled_ppo" else "")
+                + (" whose behaviour weight already corrects for the sampler" if algorithm.decoupled else "")
             )
         if c.advantage_whitening != "batch":
             fail(
@@ -300,7 +302,7 @@ def validate_placement(config) -> None:
     c = config
     if jax.process_count() > 1 and c.sampler == "vllm":
         fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
-    if jax.process_count() > 1 and (c.algorithm_name == "async_ppo" or c.env_name):
+    if jax.process_count() > 1 and (algorithms.ALGORITHMS[c.algorithm_name].decoupled or c.env_name):
         fail(
             f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r} runs in one process only: across "
             f"{jax.process_count()} processes every process must issue the same device programs in the same order, "

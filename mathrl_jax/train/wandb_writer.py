@@ -43,9 +43,10 @@ class WandbWriter:
         *,
         project: str,
         mode: str = "offline",
-        config: Mapping[str, Any] | None = None,
+        recorded: Mapping[str, Any] | None = None,
         resumed: bool = False,
     ):
+        """`recorded`: the run's settings as a plain mapping (the whole config), shown beside the run's metrics."""
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}; expected one of {MODES}")
         import wandb
@@ -56,7 +57,7 @@ class WandbWriter:
             id=run_id(logdir, resumed),
             dir=logdir,
             mode=mode,
-            config=dict(config or {}),
+            config=dict(recorded or {}),
             resume="allow",
             settings=wandb.Settings(silent=True, console="off"),
         )

@@ -12,35 +12,20 @@ from flax import nnx
 from mathrl_jax import files
 from mathrl_jax.data import teacher
 from mathrl_jax.models import hf
+from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
-from mathrl_jax.train.codec import TextCodec
-from mathrl_jax.train.evaluation import evaluate
-from mathrl_jax.train.problems import encode_prompts
+from mathrl_jax.train.evaluation import EvalSettings, held_out_accuracy
+from mathrl_jax.train.problems import encode_prompts, prompt_settings
 from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.validation import fail
-
-
-def held_out_accuracy(config, sampler, codec, grader, eval_prompts, eval_golds, n_samples=0) -> Dict[str, float]:
-    return evaluate(
-        sampler,
-        eval_prompts,
-        eval_golds,
-        grader,
-        codec.decode,
-        max_new_tokens=config.max_new_tokens,
-        n_samples=n_samples,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        seed=config.seed,
-    )
 
 
 def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
     """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`), or the bare
     boxed answers. Prompts are the RL prompts (the same template), targets end with EOS."""
-    prompt_ids = encode_prompts(config, codec, problems)
+    prompt_ids = encode_prompts(prompt_settings(config), codec, problems)
     if config.warmstart.targets == "answer":
         targets = [sft.BOXED_COMPLETION.format(answer=p.answer) for p in problems]
     else:
@@ -78,7 +63,18 @@ def check_reused_warmstart(config, directory: str) -> None:
         )
 
 
-def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds):
+def warm_start(
+    config,
+    evaluation: EvalSettings,
+    run_dir,
+    model_dir,
+    codec,
+    train_problems,
+    sampler_args,
+    grader,
+    eval_prompts,
+    eval_golds,
+):
     """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
     directory = os.path.join(run_dir, "warmstart_model")
     if config.warmstart.steps <= 0:
@@ -87,7 +83,7 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         check_reused_warmstart(config, directory)
         return directory, unlogged_warmstart_metrics(run_dir, directory)
     model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
-    before = held_out_accuracy(config, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
+    before = held_out_accuracy(evaluation, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
     examples = warmstart_examples(config, codec, train_problems)
     start = time.time()
     bar = Progress(config.warmstart.steps, keys=("loss",), disable=not config.progress, desc="warm-start")
@@ -106,7 +102,7 @@ def warm_start(config, run_dir, model_dir, codec, train_problems, sampler_args, 
         )
     seconds = time.time() - start
     warm = nnx.merge(nnx.graphdef(model), new_state)
-    after = held_out_accuracy(config, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
+    after = held_out_accuracy(evaluation, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
 
     metrics = {
         "warmstart/eval_accuracy_before": before["eval/accuracy"],

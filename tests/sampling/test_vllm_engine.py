@@ -19,11 +19,11 @@ from mathrl_jax import sharding as S
 from mathrl_jax.configs import default
 from mathrl_jax.data.arithmetic import arithmetic_train_eval
 from mathrl_jax.models import hf, write_tiny_checkpoint
+from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler, SamplingParams
 from mathrl_jax.train import sft
-from mathrl_jax.train.codec import TextCodec
 from mathrl_jax.train.passes import policy_logprobs
-from mathrl_jax.train.problems import encode_prompts
+from mathrl_jax.train.problems import encode_prompts, prompt_settings
 from mathrl_jax.train.warmstart import warmstart_examples
 
 if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
@@ -73,7 +73,7 @@ def tiny(tmp_path_factory):
         state=state,
         examples=examples,
         engine=engine,
-        prompts=encode_prompts(config, codec, held_out),
+        prompts=encode_prompts(prompt_settings(config), codec, held_out),
         jax_sampler=lambda s: JaxSampler(nnx.merge(graphdef, s), **sampler_args),
         max_new_tokens=config.max_new_tokens,
     )

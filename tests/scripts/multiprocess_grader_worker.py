@@ -12,7 +12,7 @@ distributed.initialize()
 import jax  # noqa: E402
 
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues  # noqa: E402
-from mathrl_jax.train.collect import SerialGrader  # noqa: E402
+from mathrl_jax.rewards.serial_grader import SerialGrader  # noqa: E402
 
 RESPONSES = ["\\boxed{4}", "\\boxed{5}", "no answer", "\\boxed{\\frac{1}{2}}", "\\boxed{7}", "x", "\\boxed{0.5}"]
 GOLDS = ["4", "4", "4", "0.5", "7", "7", "1/2"]

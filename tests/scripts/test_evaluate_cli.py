@@ -143,8 +143,8 @@ class ContainsGrader:
 
 def test_greedy_results_do_not_depend_on_the_batching(tmp_path, tiny_dir):
     from mathrl_jax.models import hf
+    from mathrl_jax.models.codec import TextCodec
     from mathrl_jax.sampling import JaxSampler
-    from mathrl_jax.train.codec import TextCodec
 
     problems = load_problems(math500_jsonl(tmp_path / "math500.jsonl"), "auto")
     codec = TextCodec(tiny_dir)

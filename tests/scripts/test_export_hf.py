@@ -1,8 +1,11 @@
 """scripts/export_hf.py on a training run: the Orbax checkpoints `loop.train` writes become HF directories that
-transformers loads with the policy's logits; bad input exits with status 2, names the path and writes nothing."""
+transformers loads with the policy's logits; bad input exits with status 2, names the path and writes nothing; the
+params are verified against their saved checksums, and a run still training is only read."""
 
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +19,7 @@ from flax import nnx
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.train import loop
 from mathrl_jax.train.checkpoint import Checkpointer
-from tests.train import test_loop as loop_tests
+from tests.train import loop_fixtures as loop_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "export_hf.py")
@@ -173,3 +176,33 @@ def test_base_model_is_the_one_the_run_started_from(tmp_path):
     )
     with pytest.raises(script.InputError, match="--like"):
         script.base_model_dir(str(run), {"model_name_or_path": str(tmp_path / "moved"), "warmstart": {"steps": 0}})
+
+
+def test_the_params_read_are_verified_and_a_run_still_training_is_left_alone(trained, tmp_path, capsys):
+    """The trainer's restore reads the params alone (a checksum of the optimizer state that differs does not matter)
+    and verifies them: one that differs exits 2 naming the step and the leaf. A save in progress (Orbax's tmp
+    directory) is not taken for a crashed one and removed."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained["run_dir"], run_dir)
+    in_progress = run_dir / "checkpoints" / "3.orbax-checkpoint-tmp-1700000000"
+    (in_progress / "state").mkdir(parents=True)
+    checksums_file = run_dir / "checkpoints" / "2" / "checksums" / "metadata"
+    saved = json.loads(checksums_file.read_text())
+
+    def edit_a_checksum(prefix):
+        edited = json.loads(json.dumps(saved))
+        name = min(n for n in edited["leaves"] if n.startswith(prefix))
+        edited["leaves"][name]["checksum"] = "0" * 16
+        checksums_file.write_text(json.dumps(edited))
+        return name
+
+    script = load_script()
+    edit_a_checksum("opt_state/")
+    assert script.main([str(run_dir), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert in_progress.is_dir()
+    name = edit_a_checksum("params/")
+    assert script.main([str(run_dir), "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "fails verification" in err and name in err and str(run_dir / "checkpoints" / "2") in err, err
+    assert len(err.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "refused")
+    assert in_progress.is_dir()

@@ -170,7 +170,7 @@ def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
         "advantages": jnp.asarray(rng.normal(size=(8, 1)), jnp.float32) * response,
     }
     update = make_update_fn(
-        graphdef, optimizer, UpdateConfig(num_mini_batches=2), donate=False, state_shardings=shardings
+        graphdef, optimizer, UpdateConfig(num_mini_batch=2), donate=False, state_shardings=shardings
     )
     with jax.set_mesh(mesh):
         for _ in range(3):
@@ -185,9 +185,10 @@ def test_a_packed_update_on_a_mesh_equals_it_on_one_device(minibatches, max_rows
     """Packed micro-batches (rows a multiple of dp x fsdp) on 8 devices: the same step as one device's, with one
     micro-batch per minibatch and with token-budget micro-batches (skipped when empty, under `lax.cond`)."""
     from mathrl_jax.train.build import place_state
+    from mathrl_jax.train.minibatches import with_packing
     from mathrl_jax.train.passes import compute_logprobs_fn
     from mathrl_jax.train.state import create_train_state
-    from mathrl_jax.train.update import UpdateConfig, make_update_fn, with_packing
+    from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
     graphdef, params = nnx.split(QwenForCausalLM(CONFIG, rngs=nnx.Rngs(0)))
     rng = np.random.default_rng(1)
@@ -203,7 +204,7 @@ def test_a_packed_update_on_a_mesh_equals_it_on_one_device(minibatches, max_rows
         "old_logprobs": compute_logprobs_fn(graphdef)(params, ids, jnp.asarray(attention)) * response,
         "advantages": jnp.asarray(rng.normal(size=(8, 1)) * response, jnp.float32),
     }
-    cfg = UpdateConfig(num_mini_batches=minibatches, kl_coef=0.0)
+    cfg = UpdateConfig(num_mini_batch=minibatches, kl_coef=0.0)
     results = []
     for shape in [None, (2, 2, 2)]:
         state = create_train_state(params, OPTIMIZER, seed=0)
@@ -214,8 +215,8 @@ def test_a_packed_update_on_a_mesh_equals_it_on_one_device(minibatches, max_rows
         packed = with_packing(
             batch,
             state.rng,
-            epochs=1,
-            num_mini_batches=minibatches,
+            ppo_epoch=1,
+            num_mini_batch=minibatches,
             row_tokens=16,
             max_rows_per_micro=max_rows,
             rows_multiple=4,

@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from mathrl_jax import sharding as S
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.checkpoint_errors import CheckpointError
+from mathrl_jax.train.checkpoint_tree import TargetMismatchError
 from tests.train.ckpt_kill_worker import make_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -514,3 +515,67 @@ def test_metadata_file_is_plain_json(tmp_path):
         checkpointer.save(1, {"x": jnp.ones(1)}, {"data_position": 42})
     with open(tmp_path / "1" / "metadata" / "metadata") as f:
         assert json.load(f) == {"data_position": 42}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a part of a state, read-only (scripts/export_hf.py reads a run's policy so)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_partial_restore_reads_the_entries_the_target_names_whole(tmp_path):
+    """`{"params": ...}` of a saved TrainState-like state: the params come back bit-identical in the target's
+    structure (an nnx.State keyed by ints, strings on disk); the other entries are not read. Within an entry named,
+    a key or shape that differs is refused as for a whole restore."""
+    state = nnx.state(Net(nnx.Rngs(0)))
+    saved = {"params": state, "opt_state": OPTIMIZER.init(nnx.to_pure_dict(state)), "step": 3}
+    abstract = nnx.state(nnx.eval_shape(lambda: Net(nnx.Rngs(1))))
+    with Checkpointer(str(tmp_path), save_interval=1) as checkpointer:
+        checkpointer.save(3, saved, {"data_position": 5})
+    with Checkpointer(str(tmp_path), save_interval=0, read_only=True) as checkpointer:
+        restored, metadata = checkpointer.restore({"params": abstract}, partial=True)
+        assert set(restored) == {"params"} and metadata == {"data_position": 5}
+        assert isinstance(restored["params"], nnx.State)
+        assert_bit_identical(restored["params"], state)
+        with pytest.raises(CheckpointError, match="not in the target: opt_state"):
+            checkpointer.restore({"params": abstract}, step=3)  # a whole restore checks every entry
+        fewer = nnx.to_pure_dict(abstract)
+        del fewer["layers"][1]
+        with pytest.raises(TargetMismatchError, match=r"/3 does not match .*not in the target: params/layers/1/"):
+            checkpointer.restore({"params": fewer}, partial=True)
+        with pytest.raises(TargetMismatchError) as error:
+            checkpointer.restore({"params": abstract, "critic": {"w": jnp.zeros(2)}}, partial=True)
+    assert error.value.differences == ["keys of the target not in the checkpoint: critic/w"]
+
+
+def test_a_partial_restore_of_a_named_tuple_state(tmp_path):
+    """A NamedTuple state (as optax's and the trainer's) is saved with its fields by name: a part restores."""
+    params = {"layers": [{"kernel": jnp.arange(6.0).reshape(3, 2)}], "embed": jnp.ones((4, 2), jnp.bfloat16)}
+    state = LegacyState(params, (OPTIMIZER.init(params),), jnp.arange(2, dtype=jnp.uint32), 7, (np.float32(0.5),))
+    with Checkpointer(str(tmp_path), save_interval=1) as checkpointer:
+        checkpointer.save(1, state, {})
+        target = {"params": jax.tree.map(jnp.zeros_like, params)}
+        restored, _ = checkpointer.restore(target, partial=True)
+    assert_bit_identical(restored, {"params": params})
+
+
+def test_a_read_only_checkpointer_creates_removes_and_saves_nothing(tmp_path):
+    """A reader of a run that may still be training: the tmp directory of a save in progress stays (a writer
+    takes it for the leftover of a crash and removes it), a missing directory is not created, `save` is refused."""
+    missing = tmp_path / "missing"
+    with Checkpointer(str(missing), save_interval=0, read_only=True) as reader:
+        assert reader.all_steps() == []
+    assert not missing.exists()
+    with Checkpointer(str(tmp_path), save_interval=1) as writer:
+        writer.save(1, {"x": jnp.arange(3)}, {})
+    in_progress = tmp_path / "2.orbax-checkpoint-tmp-1700000000"
+    in_progress.mkdir()
+    with Checkpointer(str(tmp_path), save_interval=1, read_only=True) as reader:
+        assert reader.all_steps() == [1] and "read_only=True" in repr(reader)
+        restored, _ = reader.restore({"x": jnp.zeros(3, jnp.int32)})
+        assert restored["x"].tolist() == [0, 1, 2]
+        with pytest.raises(CheckpointError, match="read-only"):
+            reader.save(2, {"x": jnp.arange(3)}, {}, force=True)
+    assert in_progress.is_dir()
+    with Checkpointer(str(tmp_path), save_interval=1) as writer:
+        writer.save(3, {"x": jnp.arange(3)}, {})  # a writer's first save waits for its removal of tmp directories
+    assert not in_progress.exists()

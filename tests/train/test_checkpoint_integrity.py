@@ -66,6 +66,16 @@ def test_a_flipped_byte_in_the_latest_step_restores_the_previous_step_and_says_s
             checkpointer.restore(make_state(0), step=4)  # a step asked for by number is refused, not replaced
 
 
+def test_a_partial_restore_verifies_the_part_it_reads(tmp_path):
+    save_steps(tmp_path, [2])
+    flip_a_byte(tmp_path, 2)
+    with Checkpointer(tmp_path, save_interval=0, read_only=True) as checkpointer:
+        with pytest.raises(CorruptCheckpointError, match=r"/2 fails verification: the data of params/w differ"):
+            checkpointer.restore({"params": make_state(0)["params"]}, step=2, partial=True)
+        state, _ = checkpointer.restore({"rng": make_state(0)["rng"]}, step=2, partial=True)  # not the damaged part
+    np.testing.assert_array_equal(np.asarray(state["rng"]), np.asarray(make_state(2)["rng"]))
+
+
 def test_edited_metadata_is_refused_too(tmp_path, caplog):
     save_steps(tmp_path, [2, 4])
     metadata_file = tmp_path / "4" / "metadata" / "metadata"

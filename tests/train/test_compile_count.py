@@ -7,7 +7,7 @@ import numpy as np
 
 from mathrl_jax.train import loop
 from mathrl_jax.train.checkpoint import Checkpointer
-from tests.train.test_loop import model_dir, small_config  # noqa: F401  (the fixture)
+from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 HEAVY = ("jit(update)", "jit(trainer_pass)")  # the programs that are the whole model at a real shape

@@ -12,8 +12,8 @@ from flax import nnx
 from mathrl_jax.configs import default
 from mathrl_jax.data import arithmetic
 from mathrl_jax.models import QwenForCausalLM, export_checkpoint, write_tiny_checkpoint
+from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.train import loop, sft
-from mathrl_jax.train.codec import TextCodec
 
 # One-digit a+b / a-b (155 distinct problems): a small model memorises them in seconds.
 LEVEL = 1

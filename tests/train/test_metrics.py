@@ -516,7 +516,7 @@ def logged_keys(tmp_path_factory):
     """`logged_keys(run)`: every metric name that the run of RUNS[run] passed to `on_metrics` or wrote to
     metrics.jsonl (each run trained once per module)."""
     from mathrl_jax.train import loop
-    from tests.train.test_loop import small_config, tiny_dir
+    from tests.train.loop_fixtures import small_config, tiny_dir
 
     model_dir = tiny_dir(str(tmp_path_factory.mktemp("model")))
     root = tmp_path_factory.mktemp("runs")

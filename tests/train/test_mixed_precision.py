@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from mathrl_jax.models import QwenForCausalLM, tiny_config
-from mathrl_jax.train import build
+from mathrl_jax.train import sections
 from mathrl_jax.train.passes import compute_logprobs_fn
 from mathrl_jax.train.state import create_train_state, make_optimizer
 from mathrl_jax.train.update import make_update_fn
@@ -57,8 +57,8 @@ def make_batch(graphdef, params, seed=0):
 def train(config, param_dtype: str, dtype: str):
     """The policy's params after UPDATES of the recipe's updates (its optimizer and update settings)."""
     graphdef, params = initial(param_dtype, dtype)
-    optimizer = make_optimizer(**build.optimizer_settings_of(config)[0])
-    update = make_update_fn(graphdef, optimizer, build.update_config(config), donate=False)
+    optimizer = make_optimizer(**sections.optimizer_settings_of(config)[0])
+    update = make_update_fn(graphdef, optimizer, sections.update_config(config), donate=False)
     state = create_train_state(params, optimizer, seed=0)
     for seed in range(UPDATES):
         state, metrics = update(state, make_batch(graphdef, state.params, seed))

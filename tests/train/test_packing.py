@@ -16,14 +16,10 @@ from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
 from mathrl_jax.models.attention import default_positions
 from mathrl_jax.train import packing
+from mathrl_jax.train.minibatches import PACKED, with_packing
 from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn, packed_inputs, unpack
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import (
-    PACKED,
-    UpdateConfig,
-    make_update_fn,
-    with_packing,
-)
+from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, P, L = 12, 6, 18  # rows, prompt column, width
@@ -81,7 +77,7 @@ def run(cfg, batch, critic=False, packed=None):
         params, sgd, seed=3, critic_params=critic_params, critic_optimizer=critic_sgd if critic else None
     )
     if packed is not None:
-        batch = with_packing(batch, state.rng, epochs=cfg.ppo_epochs, num_mini_batches=cfg.num_mini_batches, **packed)
+        batch = with_packing(batch, state.rng, ppo_epoch=cfg.ppo_epoch, num_mini_batch=cfg.num_mini_batch, **packed)
     update = make_update_fn(
         graphdef,
         sgd,
@@ -267,8 +263,8 @@ def test_packed_log_probs_and_values_equal_the_padded_ones(chunk_rows):
 def test_a_packed_update_equals_the_padded_update(mode):
     batch = make_batch(5, critic=True)
     cfg = UpdateConfig(
-        num_mini_batches=2,
-        ppo_epochs=2,
+        num_mini_batch=2,
+        ppo_epoch=2,
         loss_agg_mode=mode,
         norm_constant=12.0 if "norm" in mode else None,
         kl_coef=0.1,
@@ -291,7 +287,7 @@ def test_a_packed_update_equals_the_padded_update(mode):
 )
 def test_a_packed_update_equals_the_padded_update_for_each_policy_loss(settings):
     batch = make_batch(6, critic=True, actions=True)
-    cfg = UpdateConfig(num_mini_batches=3, entropy_coef=0.01, **settings)
+    cfg = UpdateConfig(num_mini_batch=3, entropy_coef=0.01, **settings)
     padded = run(cfg, batch, critic=True)
     assert_same_update(padded, run(cfg, batch, critic=True, packed=dict(row_tokens=32, max_rows_per_micro=1)))
 
@@ -301,14 +297,14 @@ def test_spare_micro_batches_and_chunks_are_skipped_without_changing_a_value():
     graphdef, params = split("policy")
     state = create_train_state(params, optax.sgd(0.1), seed=3)
     packed = dict(row_tokens=18, max_rows_per_micro=1)
-    plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=3, **packed)[PACKED]
+    plan = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=3, **packed)[PACKED]
     empty = ~(np.asarray(plan["segment_ids"]) > 0).any(axis=(2, 3))
     assert empty.any()  # the micro-batch count is bucketed, and some step needs fewer: spare micro-batches
-    cfg = UpdateConfig(num_mini_batches=3, loss_agg_mode="seq-mean-token-sum")
+    cfg = UpdateConfig(num_mini_batch=3, loss_agg_mode="seq-mean-token-sum")
     assert_same_update(run(cfg, batch), run(cfg, batch, packed=packed))
     # Skipped, not computed on zeros: the micro-batch's model pass sits in a `cond` branch.
     update = make_update_fn(graphdef, optax.sgd(0.1), cfg, donate=False)
-    with_plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=3, **packed)
+    with_plan = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=3, **packed)
     assert "cond[" in str(jax.make_jaxpr(update)(state, with_plan))
     # The passes: 9 full rows, one per chunk, in a bucketed count of 10 chunks: a spare one.
     ids, attention = batch["input_ids"][:9], jnp.ones((9, L), jnp.int32)
@@ -326,10 +322,10 @@ def test_rows_with_nothing_to_train_are_left_out_of_the_packed_update():
     batch = make_batch(7)
     dropped = jnp.asarray(np.arange(N) % 3 == 0)
     batch["response_mask"] = jnp.where(dropped[:, None], 0.0, batch["response_mask"])  # DAPO-filtered rows
-    cfg = UpdateConfig(num_mini_batches=2, loss_agg_mode="seq-mean-token-mean")
+    cfg = UpdateConfig(num_mini_batch=2, loss_agg_mode="seq-mean-token-mean")
     graphdef, params = split("policy")
     state = create_train_state(params, optax.sgd(1.0), seed=3)
-    plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=24)[PACKED]
+    plan = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=2, row_tokens=24)[PACKED]
     kept = set(np.asarray(plan["rows"]).ravel().tolist()) - {N}
     assert kept == set(np.flatnonzero(np.asarray(batch["response_mask"]).sum(axis=1) > 0).tolist())
     assert not kept & set(np.flatnonzero(np.asarray(dropped)).tolist())
@@ -369,14 +365,14 @@ def test_leaving_out_zero_advantage_rows_changes_no_gradient(settings):
     budget = settings.pop("max_rows_per_micro", None)
     if settings.get("loss_agg_mode", "").endswith("norm"):
         settings = dict(settings, norm_constant=12.0)
-    every_row = UpdateConfig(num_mini_batches=2, ppo_epochs=2, **settings)
-    skipping = UpdateConfig(num_mini_batches=2, ppo_epochs=2, skip_zero_advantage=True, **settings)
+    every_row = UpdateConfig(num_mini_batch=2, ppo_epoch=2, **settings)
+    skipping = UpdateConfig(num_mini_batch=2, ppo_epoch=2, skip_zero_advantage=True, **settings)
     packed = dict(row_tokens=24, max_rows_per_micro=budget, skip_zero_advantage=True)
     graphdef, params = split("policy")
     state = create_train_state(params, optax.sgd(0.1), seed=3)
-    plan = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, **packed)[PACKED]
+    plan = with_packing(batch, state.rng, ppo_epoch=2, num_mini_batch=2, **packed)[PACKED]
     assert not set(np.asarray(plan["rows"]).ravel().tolist()) & inert  # the rows are not computed
-    full = with_packing(batch, state.rng, epochs=2, num_mini_batches=2, row_tokens=24, max_rows_per_micro=budget)
+    full = with_packing(batch, state.rng, ppo_epoch=2, num_mini_batch=2, row_tokens=24, max_rows_per_micro=budget)
     full = full[PACKED]
     assert (np.asarray(plan["segment_ids"]) > 0).sum() < (np.asarray(full["segment_ids"]) > 0).sum()
 
@@ -384,7 +380,7 @@ def test_leaving_out_zero_advantage_rows_changes_no_gradient(settings):
     left_out = run(skipping, batch, packed=packed)
     # The same steps: the parameters (SGD: the gradients) and the loss of the update over every row.
     assert_same_update((reference[0], {}), (left_out[0], {}))
-    for key in ("loss", "policy_loss", "grad_norm", "applied"):
+    for key in ("loss", "policy_loss", "grad_norm", "applied_fraction"):
         np.testing.assert_allclose(left_out[1][key], reference[1][key], rtol=1e-4, atol=1e-6, err_msg=key)
     # The per-token metrics are over the rows that train, in the padded layout as in the packed one.
     assert_same_update(run(skipping, batch), left_out)
@@ -427,12 +423,12 @@ def test_which_rows_have_an_advantage_changes_neither_the_plans_shape_nor_a_step
     shapes, computed = set(), []
     for every in (N + 1, 3, 2, 1):  # no row inert, a third, a half, all
         batch, _ = zero_advantage_batch(10, every)
-        plan = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, row_tokens=24, skip_zero_advantage=True)
+        plan = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=2, row_tokens=24, skip_zero_advantage=True)
         shapes.add(tuple((k, v.shape) for k, v in sorted(plan[PACKED].items())))
         computed.append(int((np.asarray(plan[PACKED]["segment_ids"]) > 0).any(axis=(2, 3)).sum()))
     assert len(shapes) == 1
     assert computed == sorted(computed, reverse=True) and computed[0] > computed[-2] and computed[-1] == 0
-    cfg = UpdateConfig(num_mini_batches=2, skip_zero_advantage=True)
+    cfg = UpdateConfig(num_mini_batch=2, skip_zero_advantage=True)
     assert "cond[" in str(jax.make_jaxpr(make_update_fn(graphdef, optax.sgd(0.1), cfg, donate=False))(state, plan))
 
 
@@ -443,13 +439,13 @@ def test_a_plan_grown_to_a_larger_shape_updates_and_scores_as_the_plain_one():
     """`min_shape` only adds empty micro-batches, rows and slots: the update and the log-prob pass are the
     plain plan's, to float rounding."""
     batch = make_batch(9)
-    cfg = UpdateConfig(num_mini_batches=2, loss_agg_mode="seq-mean-token-mean")
+    cfg = UpdateConfig(num_mini_batch=2, loss_agg_mode="seq-mean-token-mean")
     packed = dict(row_tokens=24, max_rows_per_micro=2)
     state = create_train_state(split("policy")[1], optax.sgd(0.1), seed=3)
-    plain = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, **packed)[PACKED]
+    plain = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=2, **packed)[PACKED]
     micro, rows, slots = packing.plan_shape(plain)
     grown = (micro + 3, rows, slots + 5)  # rows stay within the budget of 2
-    bigger = with_packing(batch, state.rng, epochs=1, num_mini_batches=2, min_shape=grown, **packed)[PACKED]
+    bigger = with_packing(batch, state.rng, ppo_epoch=1, num_mini_batch=2, min_shape=grown, **packed)[PACKED]
     assert packing.plan_shape(bigger) == grown
     assert_same_update(run(cfg, batch, packed=packed), run(cfg, batch, packed=dict(packed, min_shape=grown)))
     attention = np.asarray(batch["attention_mask"])
@@ -484,7 +480,7 @@ def test_plans_carrying_the_runs_largest_shape_take_few_shapes_over_many_batches
         groups = np.repeat(rng.random(rows // 8) < 0.5, 8)
         batch = dict(attention_mask=attention, response_mask=response, advantages=response * groups[:, None])
         key = jax.random.key_data(jax.random.key(it))
-        settings = dict(epochs=1, num_mini_batches=4, row_tokens=width, max_rows_per_micro=4, skip_zero_advantage=True)
+        settings = dict(ppo_epoch=1, num_mini_batch=4, row_tokens=width, max_rows_per_micro=4, skip_zero_advantage=True)
         shapes["alone"].append(packing.plan_shape(with_packing(batch, key, **settings)[PACKED]))
         plan = with_packing(batch, key, min_shape=floor, **settings)[PACKED]
         floor = packing.plan_shape(plan)

@@ -63,7 +63,7 @@ def test_the_update_forms_no_full_vocabulary_logits(tie, dtype):
     graphdef, params = model(tie, dtype)
     optimizer = make_optimizer(1e-6)
     state = jax.eval_shape(lambda p: create_train_state(p, optimizer, seed=0), params)
-    cfg = UpdateConfig(num_mini_batches=2, kl_coef=0.001, entropy_coef=0.001)
+    cfg = UpdateConfig(num_mini_batch=2, kl_coef=0.001, entropy_coef=0.001)
     compiled = make_update_fn(graphdef, optimizer, cfg, donate=False).lower(state, batch()).compile()
     assert temporaries(compiled) < BOUND * LOGITS_BYTES, temporaries(compiled) / LOGITS_BYTES
 

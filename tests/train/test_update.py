@@ -1,5 +1,5 @@
 """The jitted update: exact micro-batch accumulation, the optimizer step count, non-finite skips,
-the approx-KL early stop, the critic update; and the per-algorithm advantages of train/rollout.py."""
+the approx-KL early stop, the critic update; and the per-algorithm advantages of train/advantages.py."""
 
 import dataclasses
 import functools
@@ -13,7 +13,7 @@ from flax import nnx
 
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
-from mathrl_jax.train import rollout
+from mathrl_jax.train import advantages as rollout
 from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn
 from mathrl_jax.train.state import create_train_state, learning_rate_schedule, make_optimizer
 from mathrl_jax.train.update import UpdateConfig, make_update_fn
@@ -66,8 +66,8 @@ def test_micro_batch_accumulation_is_exact(mode):
     # Plain SGD: the params move by exactly -grad, so equal params mean equal gradients (Adam's first step,
     # lr * g / |g|, would amplify rounding noise of gradients near 0).
     sgd = optax.sgd(1.0)
-    whole, m1 = run_update(UpdateConfig(num_mini_batches=2, loss_agg_mode=mode, kl_coef=0.1), batch, sgd)
-    cfg = UpdateConfig(num_mini_batches=2, micro_batch_size=1, loss_agg_mode=mode, kl_coef=0.1)
+    whole, m1 = run_update(UpdateConfig(num_mini_batch=2, loss_agg_mode=mode, kl_coef=0.1), batch, sgd)
+    cfg = UpdateConfig(num_mini_batch=2, micro_batch_size=1, loss_agg_mode=mode, kl_coef=0.1)
     micro, m2 = run_update(cfg, batch, sgd)
     assert_trees_close(whole.params, micro.params, atol=2e-6)
     np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
@@ -84,20 +84,20 @@ def test_micro_batch_accumulation_is_exact_for_the_action_level_loss(whitening):
     steps = np.cumsum(rng.random((N, L)) < 0.4, axis=1).astype(np.int32)  # random step boundaries
     batch["action_index"] = jnp.asarray(steps * np.asarray(batch["response_mask"] > 0))
     sgd = optax.sgd(1.0)
-    settings = dict(policy_loss="action_ppo", num_mini_batches=2, entropy_coef=0.01, minibatch_whitening=whitening)
+    settings = dict(policy_loss="action_ppo", num_mini_batch=2, entropy_coef=0.01, minibatch_whitening=whitening)
     whole, m1 = run_update(UpdateConfig(**settings), batch, sgd)
     micro, m2 = run_update(UpdateConfig(micro_batch_size=1, **settings), batch, sgd)
     assert_trees_close(whole.params, micro.params, atol=2e-6)
-    np.testing.assert_allclose(m1["approx_kl_k3"], m2["approx_kl_k3"], rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(m1["approx_kl"], m2["approx_kl"], rtol=1e-5, atol=1e-9)
 
 
 def test_epochs_times_minibatches_optimizer_steps_and_version():
     optimizer = make_optimizer(1e-2, max_grad_norm=1.0)
-    state, metrics = run_update(UpdateConfig(ppo_epochs=3, num_mini_batches=2), make_batch(), optimizer)
+    state, metrics = run_update(UpdateConfig(ppo_epoch=3, num_mini_batch=2), make_batch(), optimizer)
     adam_state = state.opt_state[1][0]  # chain(clip, adamw): adamw's scale_by_adam state
     assert int(adam_state.count) == 6
     assert int(state.step) == 1 and int(state.policy_version) == 1
-    assert metrics["applied"] == 1.0 and metrics["skipped_updates"] == 0.0
+    assert metrics["applied_fraction"] == 1.0 and metrics["skipped_updates"] == 0.0
 
 
 def test_non_finite_loss_skips_the_step_without_touching_params():
@@ -106,8 +106,8 @@ def test_non_finite_loss_skips_the_step_without_touching_params():
     graphdef, params = split_policy()
     optimizer = make_optimizer(1e-2)
     state = create_train_state(params, optimizer, seed=0)
-    new_state, metrics = run_update(UpdateConfig(num_mini_batches=1), batch, optimizer, state)
-    assert int(new_state.skipped_updates) == 1 and metrics["applied"] == 0.0
+    new_state, metrics = run_update(UpdateConfig(num_mini_batch=1), batch, optimizer, state)
+    assert int(new_state.skipped_updates) == 1 and metrics["applied_fraction"] == 0.0
     for a, b in zip(
         jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((new_state.params, new_state.opt_state))
     ):
@@ -120,11 +120,11 @@ def test_approx_kl_guard_skips_the_policy_step_of_each_minibatch_over_it():
     graphdef, params = split_policy()
     optimizer = make_optimizer(1e-2)
     state = create_train_state(params, optimizer, seed=0)
-    new_state, metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=0.02), batch, optimizer, state)
-    assert metrics["kl_skipped"] == 1.0 and metrics["applied"] == 0.0
+    new_state, metrics = run_update(UpdateConfig(num_mini_batch=2, target_kl=0.02), batch, optimizer, state)
+    assert metrics["kl_skipped_fraction"] == 1.0 and metrics["applied_fraction"] == 0.0
     assert_trees_close(state.params, new_state.params, atol=0)
-    kept, kept_metrics = run_update(UpdateConfig(num_mini_batches=2, target_kl=1e6), batch, optimizer, state)
-    assert kept_metrics["applied"] == 1.0
+    kept, kept_metrics = run_update(UpdateConfig(num_mini_batch=2, target_kl=1e6), batch, optimizer, state)
+    assert kept_metrics["applied_fraction"] == 1.0
 
 
 def test_critic_update_fits_returns():
@@ -300,10 +300,61 @@ def test_padding_rows_do_not_dilute_the_metrics():
     # pull the token-mean metrics towards 0 (they used to read 1/2 and 3/4 of their values).
     batch = make_batch(4)
     padded = {k: jnp.concatenate([v, jnp.zeros_like(v) if k == "response_mask" else v]) for k, v in batch.items()}
-    cfg = UpdateConfig(num_mini_batches=1, kl_coef=0.1)
+    cfg = UpdateConfig(num_mini_batch=1, kl_coef=0.1)
     _, plain = run_update(cfg, batch, optax.sgd(0.0))
     _, split = run_update(dataclasses.replace(cfg, micro_batch_size=2), padded, optax.sgd(0.0))
-    for key in ("entropy", "ratio_mean", "approx_kl_k3", "kl", "clip_fraction"):
+    for key in ("entropy_loss", "importance_weight", "approx_kl", "kl", "clip_fraction"):
         np.testing.assert_allclose(split[key], plain[key], rtol=1e-5, atol=1e-7, err_msg=key)
-    assert float(plain["entropy"]) > 1.0
+    assert float(plain["entropy_loss"]) > 1.0
     np.testing.assert_allclose(split["grad_norm"], plain["grad_norm"], rtol=1e-5)
+
+
+def test_the_hosts_minibatch_order_is_the_one_the_update_draws():
+    """The loop draws each update's minibatch order on the host (`host_minibatch_order` from `state.rng_after`,
+    which needs nothing of the device) and passes it with the batch: the update given it ends bit for bit where
+    the update drawing its own does, its state's key included, over several updates."""
+    from mathrl_jax.train.minibatches import ORDER, host_minibatch_order
+    from mathrl_jax.train.state import rng_after
+
+    graphdef, params = split_policy()
+    optimizer = make_optimizer(1e-2, max_grad_norm=None)
+    cfg = UpdateConfig(ppo_epoch=2, num_mini_batch=2)
+    update = make_update_fn(graphdef, optimizer, cfg, donate=False)
+    drawn = given = create_train_state(params, optimizer, seed=7)
+    for step in range(3):
+        batch = make_batch(step)
+        np.testing.assert_array_equal(rng_after(7, step), np.asarray(given.rng))
+        order = host_minibatch_order(rng_after(7, step), N, cfg.ppo_epoch, cfg.num_mini_batch)
+        drawn, drawn_metrics = update(drawn, batch)
+        given, given_metrics = update(given, {**batch, ORDER: order})
+        for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(given)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert float(given_metrics["loss"]) == float(drawn_metrics["loss"])
+    # Another order is another update: the given one is the one used.
+    other = host_minibatch_order(rng_after(8, 3), N, cfg.ppo_epoch, cfg.num_mini_batch)
+    assert not np.array_equal(other, host_minibatch_order(rng_after(7, 3), N, cfg.ppo_epoch, cfg.num_mini_batch))
+    moved, _ = update(given, {**make_batch(3), ORDER: other})
+    kept, _ = update(given, make_batch(3))
+    assert any(
+        not np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(moved.params), jax.tree.leaves(kept.params))
+    )
+
+
+def test_every_algorithm_record_names_a_registered_estimator_and_loss_use():
+    """The algorithm record does the dispatch (nothing below the build compares names): each record's estimator
+    is in the losses registry and has a way to be called (`FROM_SCORES` / `FROM_VALUES`, a critic's estimators
+    with a critic), its policy loss is registered with a `PolicyLossUse`, and the OpenR whitening is one the
+    update knows."""
+    from mathrl_jax.losses import registry
+    from mathrl_jax.train import algorithms
+    from mathrl_jax.train import update_config as update_lib
+
+    for name, record in algorithms.ALGORITHMS.items():
+        assert record.advantages in registry.ADVANTAGE_ESTIMATORS, name
+        assert (record.advantages in rollout.FROM_VALUES) == record.critic, name
+        assert record.advantages in rollout.FROM_SCORES or record.critic, name
+        assert record.policy_loss in registry.POLICY_LOSSES and record.policy_loss in update_lib.POLICY_LOSS_USES
+        assert record.openr_whitening in update_lib.WHITENING, name
+        assert not record.actions or record.critic, name  # the actions are the critic's (APPO, TPPO)
+    assert update_lib.policy_loss_use("a loss of the user's") == update_lib.PolicyLossUse()

@@ -75,12 +75,15 @@ Child side (the sandbox's interpreter; standard library only, never `subprocess`
 
 - `child`: the entry script, run by path: the pid-1 supervisor and the user program's
   process (private root, rlimits, stand-ins, then `exec`); defines `SandboxViolation`.
-- `audit`: the audit hook and what it refuses; the readable system paths; the native extension guard.
+- `audit`: the audit hook and what it refuses; the readable system paths.
+- `extension_guard`: the native extension guard and `STANDARD_EXTENSIONS`, what it lets load.
+- `private_root`: the namespace's own root file system (bind mounts, tmpfs, `pivot_root`).
 - `landlock`: Landlock ABI detection (also used by the host) and its ruleset.
 
 Imports go one way: the host side imports the child side's modules (for the entry
-script's path, `READ_ROOTS`, `landlock_abi`), never the reverse; `child` loads `audit`
-and `landlock` by path when it runs, so neither of those imports a sibling.
+script's path, `READ_ROOTS`, `landlock_abi`), never the reverse; `child` loads `audit`,
+`extension_guard`, `landlock` and `private_root` by path when it runs, so none of those
+imports a sibling.
 """
 
 from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent

@@ -8,8 +8,9 @@ is the user program's process: Landlock, rlimits, the audit hook, then `exec(cod
 
 Only the standard library is imported here: `subprocess` (and with it `_posixsubprocess`,
 which forks without an audit event) must never be loaded on this side. The child-side
-siblings (`audit.py`, `landlock.py`) are loaded by path: `python -I` puts no script
-directory on `sys.path`, and importing the package would load the host side too.
+siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`) are loaded by
+path: `python -I` puts no script directory on `sys.path`, and importing the package would
+load the host side too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from typing import Any
 
 if __package__:  # imported from the package, which re-exports the exception classes below
-    from mathrl_jax.envs.sandbox import audit, landlock
+    from mathrl_jax.envs.sandbox import audit, extension_guard, landlock, private_root
 else:  # run by path as the sandbox's entry script (see the module docstring)
     import importlib.util
 
@@ -33,7 +34,9 @@ else:  # run by path as the sandbox's entry script (see the module docstring)
         return module
 
     audit = _load_sibling("audit")
+    extension_guard = _load_sibling("extension_guard")
     landlock = _load_sibling("landlock")
+    private_root = _load_sibling("private_root")
 
 
 # The refusals are defined here, in the script that runs as `__main__`, so that the program's
@@ -57,89 +60,6 @@ class SandboxImportViolation(ImportError):
 
 
 # ----------------------------------------------------------------------------- kernel limits
-
-_MS_NOSUID = 2
-_MS_NODEV = 4
-_MS_BIND = 4096
-_MS_REC = 16384
-_MS_PRIVATE = 1 << 18
-_MNT_DETACH = 2
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-"""pivot_root(2) has no glibc wrapper; its number differs between architectures."""
-
-
-def _libc_call(name: str, *args) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        raise OSError(ctypes.get_errno(), f"{name}{args}")
-
-
-def _mount_tmpfs(path: str, size_bytes: int, mode: int = 0o700) -> None:
-    """Mounts a tmpfs of `size_bytes` on `path` (in the run's mount namespace): the disk limit."""
-    options = f"size={size_bytes},mode={mode:o}".encode()
-    _libc_call("mount", b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
-
-
-def _bind(source: str, target: str) -> None:
-    """Makes `source` (a directory, or a file such as /dev/null) visible at `target`, submounts included."""
-    if os.path.isdir(source):
-        os.makedirs(target, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        open(target, "a").close()
-    _libc_call("mount", source.encode(), target.encode(), None, _MS_BIND | _MS_REC, None)
-
-
-def _enter_private_root(config: dict[str, Any]) -> None:
-    """Replaces the namespace's file system by one holding only the readable roots and the working directory.
-
-    Landlock does not govern `connect` on a pathname UNIX socket (nor does the network namespace), so a
-    program that escapes the audit hook (an exec'd interpreter has none) could reach any host server whose
-    socket file it can name: /tmp/.X11-unix, /run/docker.sock, an agent's socket in $HOME. Hiding the host's
-    directories with tmpfs mounts would be a deny-list of places sockets live; instead the namespace gets a
-    new root (`pivot_root`, the old root detached) built from the allow-list that Landlock and the audit
-    hook already use: each read root bind-mounted at its own path, the devices in `DEVICES`, and a fresh
-    tmpfs working directory of `disk_bytes`. A host socket outside those roots does not exist in there.
-    """
-    machine = os.uname().machine
-    if machine not in _SYS_PIVOT_ROOT:
-        raise OSError(f"no pivot_root syscall number known for {machine}")
-    workdir = config["workdir"]
-    new_root = os.path.dirname(workdir)  # the host's private temporary directory of this run
-    # Nothing may propagate to the host's mounts (unshare makes them private already; be sure).
-    _libc_call("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-    _mount_tmpfs(new_root, 1 << 20, mode=0o755)  # holds only the directories that the mounts need
-    roots = sorted({os.path.normpath(r) for r in config["read_roots"]})
-    for root in roots:
-        if any(root != other and root.startswith(other.rstrip("/") + "/") for other in roots):
-            continue  # inside another root's bind mount already
-        target = new_root + root
-        if os.path.islink(root):  # e.g. /lib -> usr/lib on merged-/usr systems: the same link inside
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.symlink(os.readlink(root), target)
-        elif os.path.exists(root):
-            _bind(root, target)
-    for device in audit.DEVICES:
-        if os.path.exists(device):
-            _bind(device, new_root + device)
-    for link in audit.DEVICE_LINKS:  # /dev/fd -> /proc/self/fd, /dev/stdin -> /proc/self/fd/0, ...
-        if os.path.islink(link):
-            os.symlink(os.readlink(link), new_root + link)
-    os.makedirs(new_root + "/tmp", exist_ok=True)
-    os.chmod(new_root + "/tmp", 0o1777)
-    os.makedirs(new_root + workdir, exist_ok=True)
-    _mount_tmpfs(new_root + workdir, config["disk_bytes"])
-    import ctypes
-
-    os.chdir(new_root)
-    libc = ctypes.CDLL(None, use_errno=True)
-    # pivot_root(".", ".") stacks the old root on the new one; detaching it leaves only the new root.
-    if libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT[machine]), b".", b".") != 0:
-        raise OSError(ctypes.get_errno(), "pivot_root")
-    _libc_call("umount2", b".", _MNT_DETACH)
-    os.chdir("/")
 
 
 def _set_rlimits(config: dict[str, Any]) -> None:
@@ -257,7 +177,7 @@ def _worker(config: dict[str, Any], report_fd: int) -> None:
             _install_stand_ins()
             # Native code spawns without audit events: only the standard library's extensions load.
             standard_extensions = [p for p in sys.path if os.path.basename(p) == "lib-dynload"]
-            audit.install_extension_guard(standard_extensions, report_fd, SandboxImportViolation)
+            extension_guard.install_extension_guard(standard_extensions, report_fd, SandboxImportViolation)
         hook = audit.make_audit_hook(
             workdir,
             report_fd,
@@ -337,7 +257,7 @@ def _supervise(config_path: str) -> None:
     workdir = config["workdir"]
     if config["namespaces"]:
         try:
-            _enter_private_root(config)
+            private_root.enter_private_root(config, audit.DEVICES, audit.DEVICE_LINKS)
         except OSError as e:  # fail closed: without its own root the program could reach host sockets
             failure = {"event": "setup_error", "detail": f"could not build the sandbox's root file system: {e}"}
             report = {"returncode": None, "signal": None, "cpu_s": 0.0, "events": [failure]}
@@ -393,7 +313,11 @@ def _probe_private_root(base: str, read_roots: list[str]) -> None:
     """`child.py --probe-root BASE ROOTS` (under `unshare`, from `isolation.detect_isolation`): builds a private
     root as a run would, in BASE; exits 0 when it could, 1 otherwise."""
     try:
-        _enter_private_root({"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20})
+        private_root.enter_private_root(
+            {"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20},
+            audit.DEVICES,
+            audit.DEVICE_LINKS,
+        )
         os.listdir("/")
     except OSError:
         os._exit(1)

@@ -63,7 +63,7 @@ def _exits_zero(command: list[str], timeout_s: float) -> bool:
 @functools.cache
 def _private_root_works(unshare: str) -> bool:
     """Whether a namespaced run can build its own root file system here (bind mounts and `pivot_root`,
-    `child._enter_private_root`). A namespaced run fails closed without it (host sockets would be reachable), so
+    `private_root.enter_private_root`). A namespaced run fails closed without it (host sockets would be reachable), so
     a machine where `unshare` works but this does not is given the modes without namespaces instead."""
     from mathrl_jax.envs.sandbox import audit, child
 

@@ -89,32 +89,66 @@ def overlong_penalty(
     return (np.minimum(-excess / buffer_len, 0.0) * penalty_factor).astype(np.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("estimator", "num_groups", "gamma"))
-def _sequence_advantages(scores, group_ids, row_mask, response_mask, *, estimator: str, num_groups, gamma: float):
-    """One advantage per sequence (GRPO, Dr. GRPO, single-turn ReBN) on each of its response tokens; one program
-    rather than a chain of eager ones, each a dispatch."""
-    if estimator == "reinforce_pp_baseline":  # per token: the batch's whitening weighs long responses more
-        return losses.reinforce_plus_plus_baseline_advantages(
-            scores, group_ids, response_mask, seq_mask=row_mask, num_groups=num_groups
-        )
-    if estimator == "rebn":  # single-turn: one turn per row
-        seq_adv = losses.rebn_advantages(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0]
-    else:
-        group_fn = SEQUENCE_ESTIMATORS[estimator]
-        seq_adv = group_fn(scores, group_ids, seq_mask=row_mask, num_groups=num_groups)
-    return losses.broadcast_to_tokens(seq_adv, response_mask)
+def _one_per_sequence(fn, scores, group_ids, row_mask, response_mask, *, num_groups, gamma):
+    """`fn(scores, group_ids, seq_mask, num_groups) -> [N]` (GRPO, Dr. GRPO, RLOO) on each response token."""
+    return losses.broadcast_to_tokens(fn(scores, group_ids, seq_mask=row_mask, num_groups=num_groups), response_mask)
 
 
-SEQUENCE_ESTIMATORS = {
-    "group": losses.group_relative_advantages,
-    "group_mean": losses.dr_grpo_advantages,
-    "rloo": losses.rloo_advantages,
+def _per_token_in_groups(fn, scores, group_ids, row_mask, response_mask, *, num_groups, gamma):
+    """REINFORCE++-baseline: per token, as the batch's whitening weighs long responses more."""
+    return fn(scores, group_ids, response_mask, seq_mask=row_mask, num_groups=num_groups)
+
+
+def _one_turn_per_row(fn, scores, group_ids, row_mask, response_mask, *, num_groups, gamma):
+    """ReBN on single-turn rows: one turn per row."""
+    return losses.broadcast_to_tokens(fn(scores[:, None], row_mask[:, None], gamma=gamma)[:, 0], response_mask)
+
+
+FROM_SCORES = {
+    "grpo": _one_per_sequence,
+    "drgrpo": _one_per_sequence,
+    "rloo": _one_per_sequence,
+    "reinforce_plus_plus_baseline": _per_token_in_groups,
+    "rebn": _one_turn_per_row,
 }
-"""The group estimators of one advantage per sequence (`_sequence_advantages`), by `Algorithm.advantages`."""
+"""The estimators (`losses.registry` names) that make advantages from the scores alone, each with how the batch
+calls it; the others (`FROM_VALUES`) need a critic."""
+
+
+@functools.partial(jax.jit, static_argnames=("estimator", "num_groups", "gamma"))
+def _score_advantages(scores, group_ids, row_mask, response_mask, *, estimator: str, num_groups, gamma: float):
+    """`[N, L]` advantages of a `FROM_SCORES` estimator; one program rather than a chain of eager ones, each a
+    dispatch."""
+    fn = losses.get_advantage_estimator(estimator)
+    return FROM_SCORES[estimator](fn, scores, group_ids, row_mask, response_mask, num_groups=num_groups, gamma=gamma)
+
+
+def _token_gae(fn, token_rewards, values, index, response_mask, *, gamma, lam, slots):
+    adv, ret = fn(token_rewards, values, response_mask, gamma=gamma, lam=lam)
+    return adv, ret, response_mask
+
+
+def _action_decomposed(fn, token_rewards, values, index, response_mask, *, gamma, lam, slots):
+    ends = losses.action_ends_from_index(index, response_mask)
+    adv, ret = fn(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)
+    return adv, ret, response_mask
+
+
+def _action_level(fn, token_rewards, values, index, response_mask, *, gamma, lam, slots):
+    return fn(token_rewards, values, index, response_mask, max_actions=slots, gamma=gamma, lam=lam)
+
+
+FROM_VALUES = {
+    "gae": _token_gae,
+    "action_decomposed_gae": _action_decomposed,
+    "action_level_gae": _action_level,
+}
+"""The critic's estimators (`losses.registry` names): (advantages, returns, the value mask) from token rewards,
+values and the actions' index."""
 
 
 def compute_advantages(
-    algorithm: str,
+    algorithm: "str | algorithms.Algorithm",
     batch: Dict[str, jax.Array],
     scores: jax.Array,
     *,
@@ -133,7 +167,8 @@ def compute_advantages(
     action_rewards: Optional[jax.Array] = None,
     whiten: bool = True,
 ) -> Dict[str, jax.Array]:
-    """Advantages (and, with a critic, returns and the value mask) for `algorithm`.
+    """Advantages (and, with a critic, returns and the value mask) for `algorithm` (a name, or its record), by its
+    estimator (`Algorithm.advantages`, a `losses.registry` name: `FROM_SCORES` or `FROM_VALUES`).
 
     Args:
       batch: `Rollouts.to_batch` arrays with `old_logprobs` filled by the trainer.
@@ -159,16 +194,17 @@ def compute_advantages(
       dict with advantages `[N, L]` and response_mask `[N, L]` (row_mask applied);
       with a critic also returns, old_values, value_mask and action_index.
     """
-    estimator = algorithms.algorithm(algorithm).advantages
+    record = algorithm if isinstance(algorithm, algorithms.Algorithm) else algorithms.algorithm(algorithm)
+    estimator = record.advantages
     response_mask = jnp.asarray(batch["response_mask"], jnp.float32)
     n = response_mask.shape[0]
     row_mask = jnp.ones((n,), jnp.float32) if row_mask is None else jnp.asarray(row_mask, jnp.float32)
     response_mask = response_mask * row_mask[:, None]
     scores = jnp.asarray(scores, jnp.float32)
     out = {"response_mask": response_mask}
-    if estimator in (*SEQUENCE_ESTIMATORS, "rebn", "reinforce_pp_baseline"):  # no critic: from the scores
+    if estimator in FROM_SCORES:  # no critic: from the scores
         group_ids = jnp.zeros((n,), jnp.int32) if group_ids is None else jnp.asarray(group_ids)
-        out["advantages"] = _sequence_advantages(
+        out["advantages"] = _score_advantages(
             scores, group_ids, row_mask, response_mask, estimator=estimator, num_groups=num_groups, gamma=gamma
         )
         return out
@@ -200,17 +236,17 @@ def compute_advantages(
             kind=kl_reward_kind,
         )
     values = jnp.where(response_mask > 0, values, 0.0)
-    value_mask = response_mask
-    if estimator == "gae":
-        adv, ret = losses.gae_advantages(token_rewards, values, response_mask, gamma=gamma, lam=lam)
-    elif estimator == "action_decomposed_gae":
-        ends = losses.action_ends_from_index(index, response_mask)
-        adv, ret = losses.action_decomposed_gae(token_rewards, values, ends, response_mask, gamma=gamma, lam=lam)
-    else:  # action_gae
-        slots = max_actions or 1 << max(3, (num_actions - 1).bit_length())  # a few shapes: 8, 16, 32, ...
-        adv, ret, value_mask = losses.action_level_gae(
-            token_rewards, values, index, response_mask, max_actions=slots, gamma=gamma, lam=lam
-        )
+    slots = max_actions or 1 << max(3, (num_actions - 1).bit_length())  # a few shapes: 8, 16, 32, ...
+    adv, ret, value_mask = FROM_VALUES[estimator](
+        losses.get_advantage_estimator(estimator),
+        token_rewards,
+        values,
+        index,
+        response_mask,
+        gamma=gamma,
+        lam=lam,
+        slots=slots,
+    )
     if whiten:
         adv = losses.masked_whiten(adv, response_mask)
     out.update(advantages=adv, returns=ret, old_values=values, value_mask=value_mask, action_index=index)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from mathrl_jax.train.validation import fail
+from mathrl_jax.errors import MathRLError
+
+
+class TokenizerError(MathRLError, ValueError):
+    """A tokenizer directory that cannot serve the loop (missing files, no eos token); the message names it."""
+
+
+def fail(message: str):
+    raise TokenizerError(message)
 
 
 class TextCodec:

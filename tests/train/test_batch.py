@@ -1,0 +1,117 @@
+"""The batch step between rollouts and the update (`mathrl_jax.train.batch`, and the settings it reads from `sections`):
+the rewards, advantages and old log-probs it prepares equal their reference computations, and its update plan trains
+exactly the rows that carry signal."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from mathrl_jax.train import advantages as rollout
+from mathrl_jax.train import batch, build, collect, sections
+from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
+
+
+def test_shuffled_rewards_are_a_seeded_permutation_within_the_batch():
+    scores = np.arange(64, dtype=np.float32)
+    shuffled = batch.shuffled_rewards(scores, seed=0, iteration=3)
+    np.testing.assert_array_equal(np.sort(shuffled), scores)  # the same rewards, so the same distribution
+    assert np.mean(shuffled == scores) < 0.2  # ... on other responses
+    np.testing.assert_array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=3))
+    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=4))
+    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=1, iteration=3))
+
+
+@pytest.mark.parametrize("temperature, expected", [(1.0, True), (0.7, False)])
+def test_old_logprobs_auto_takes_the_samplers_only_where_they_are_the_trainers(
+    temperature,
+    expected,
+    model_dir,  # noqa: F811
+    tmp_path,
+):
+    config = small_config(model_dir, tmp_path / "run", temperature=temperature)
+    assert sections.uses_sampler_logprobs(config) is expected
+    for overrides in ({"algorithm_name": "async_ppo"}, {"sampler": "vllm"}, {"old_logprobs": "trainer"}):
+        assert not sections.uses_sampler_logprobs(small_config(model_dir, tmp_path / "run", **overrides))
+    assert sections.uses_sampler_logprobs(small_config(model_dir, tmp_path / "run", old_logprobs="sampler"))
+
+
+def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, tmp_path):  # noqa: F811
+    """The forward pass `old_logprobs="auto"` skips gives what the sampler reported: the same update follows."""
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1, old_logprobs="trainer")
+    run = build.build_run(config)
+    try:
+        rollouts, _, scores, _ = collect.collect(run.rollouts, 1)
+        recomputed, metrics = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+        run.batches.settings = dataclasses.replace(run.batches.settings, old_logprobs_from_sampler=True)
+        reported, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+    finally:
+        run.rollouts.grader.close()
+        run.checkpointer.close()
+        run.logger.close()
+    mask = np.asarray(recomputed["response_mask"]) > 0
+    old, new = np.asarray(recomputed["old_logprobs"]), np.asarray(reported["old_logprobs"])
+    assert mask.sum() > 0 and np.all(old[mask] < 0)  # real log-probs where the completions are
+    np.testing.assert_allclose(new, old, atol=1e-5)
+    assert np.all(new[~mask] == 0) and metrics["rollout/sampler_logprob_diff"] < 1e-5
+    for key in recomputed:
+        if key not in ("old_logprobs", batch.update_lib.PACKED):
+            np.testing.assert_allclose(np.asarray(reported[key]), np.asarray(recomputed[key]), atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({}, True),
+        ({"algorithm_name": "async_ppo"}, True),
+        ({"algorithm_name": "reinforce_rebn"}, True),
+        ({"skip_zero_advantage": False}, False),
+        ({"kl_coef": 0.01}, False),
+        ({"entropy_coef": 0.01}, False),
+        ({"algorithm_name": "ppo"}, False),  # the critic trains on every row
+        ({"algorithm_name": "tppo", "advantage_whitening": "openr"}, False),
+    ],
+)
+def test_zero_advantage_rows_are_left_out_only_where_they_train_nothing(overrides, expected, model_dir, tmp_path):  # noqa: F811
+    assert (
+        sections.update_config(small_config(model_dir, tmp_path / "run", **overrides)).skip_zero_advantage is expected
+    )
+
+
+def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(model_dir, tmp_path):  # noqa: F811
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1)
+    run = build.build_run(config)
+    try:
+        rollouts, _, scores, _ = collect.collect(run.rollouts, 1)
+        scores = np.where(rollouts.prompt_indices % 2 == 0, 1.0, scores).astype(np.float32)  # even groups all right
+        scores[rollouts.prompt_indices == 1] = [1.0, 0.0, 0.0, 0.0]  # one group that learns
+        prepared, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+    finally:
+        run.rollouts.grader.close()
+        run.checkpointer.close()
+        run.logger.close()
+    trained = set(np.asarray(prepared[batch.update_lib.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
+    advantages = np.asarray(prepared["advantages"])
+    assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
+    assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())
+    assert not trained & set(np.flatnonzero(rollouts.prompt_indices % 2 == 0).tolist())
+
+
+def test_rloo_and_reinforce_pp_advantages_are_verls_formulas():
+    """The two estimators the record adds, through the loop's dispatch, against the formulas written out here
+    (verl `compute_rloo_outcome_advantage`, `compute_reinforce_plus_plus_baseline_outcome_advantage`)."""
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 2, 12).astype(np.float32) + rng.normal(0, 0.1, 12).astype(np.float32)
+    group_ids = np.repeat(np.arange(3), 4)
+    mask = (np.arange(6)[None, :] < rng.integers(1, 7, 12)[:, None]).astype(np.float32)
+    batch = {"response_mask": mask}
+    means = np.array([scores[group_ids == g].mean() for g in group_ids])
+    rloo = rollout.compute_advantages("rloo", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    expected = (scores - (means * 4 - scores) / 3)[:, None] * mask  # s_i minus the mean of the other three
+    np.testing.assert_allclose(np.asarray(rloo), expected, atol=1e-5)
+    pp = rollout.compute_advantages("reinforce_pp", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    centred = (scores - means)[:, None] * mask
+    token_mean = centred.sum() / mask.sum()
+    token_var = (((centred - token_mean) * mask) ** 2).sum() / (mask.sum() - 1)  # unbiased, as verl's masked_whiten
+    expected = (centred - token_mean) / np.sqrt(token_var + 1e-8) * mask
+    np.testing.assert_allclose(np.asarray(pp) * mask, expected, atol=1e-4)
