@@ -32,7 +32,7 @@ def host_minibatch_order(rng, rows: int, ppo_epoch: int, num_mini_batch: int) ->
     then fetched): what the update draws from a state of that `rng`, bit for bit (threefry is the same on every
     backend). Pass it in the batch under `ORDER` and the update takes it instead of drawing its own, so the host's
     packing plan and the device's minibatches come from one draw that crosses to the device once."""
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         _, order = _minibatch_order(np.asarray(rng), rows, ppo_epoch, num_mini_batch)
     return np.asarray(order)
 

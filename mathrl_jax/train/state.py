@@ -72,7 +72,7 @@ def rng_after(seed: int, updates: int) -> np.ndarray:
     """`TrainState.rng` after `updates` updates of a state made with `seed`, computed on the host's CPU: each
     update moves the key on once (`update.minibatch_order`'s first split). The loop draws an iteration's
     minibatch order from it, so the host needs nothing of the device's state to plan the update."""
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         start = jax.random.key_data(jax.random.key(seed))
         return np.asarray(_rng_after(start, np.int32(updates)))
 

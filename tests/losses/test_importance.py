@@ -104,16 +104,15 @@ def test_weighted_advantages_are_the_per_token_weighted_ppo_loss(seed, clip_c, m
 def test_the_trainer_applies_the_weights_to_the_advantages_and_logs_the_mismatch():
     """`train.batch.sampler_correction`: advantages times the weights with `tis_cap`, untouched without; the
     mismatch metrics only where the sampler filters no token (top_p 1, no top_k)."""
-    import ml_collections
-
-    from mathrl_jax.train.batch import sampler_correction
+    from mathrl_jax.train import algorithms
+    from mathrl_jax.train.batch import BatchSettings, sampler_correction
 
     trainer, sampler, mask = arrays(4)
     advantages = np.random.RandomState(5).normal(size=(B, T)).astype(np.float32) * mask
     batch = {"response_mask": jnp.asarray(mask), "advantages": jnp.asarray(advantages)}
 
-    def config(**kw):
-        return ml_collections.ConfigDict(dict(dict(top_p=1.0, top_k=0, tis_cap=None), **kw))
+    def config(top_p=1.0, tis_cap=None):  # the batch's section, as the build makes it from these settings
+        return BatchSettings(algorithms.ALGORITHMS["grpo"], 32, tis_cap=tis_cap, sampler_filters=top_p < 1.0)
 
     out, metrics = sampler_correction(config(tis_cap=2.0), batch, trainer, sampler)
     np.testing.assert_allclose(

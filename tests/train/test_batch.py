@@ -55,7 +55,7 @@ def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, t
     np.testing.assert_allclose(new, old, atol=1e-5)
     assert np.all(new[~mask] == 0) and metrics["rollout/sampler_logprob_diff"] < 1e-5
     for key in recomputed:
-        if key not in ("old_logprobs", batch.update_lib.PACKED):
+        if key not in ("old_logprobs", batch.minibatches.PACKED):
             np.testing.assert_allclose(np.asarray(reported[key]), np.asarray(recomputed[key]), atol=1e-5, err_msg=key)
 
 
@@ -90,7 +90,7 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
         run.rollouts.grader.close()
         run.checkpointer.close()
         run.logger.close()
-    trained = set(np.asarray(prepared[batch.update_lib.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
+    trained = set(np.asarray(prepared[batch.minibatches.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
     advantages = np.asarray(prepared["advantages"])
     assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
     assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())
