@@ -33,7 +33,7 @@ import base64
 import contextlib
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class AsyncRollouts:
         total_iterations: int,
         params: Any,
         policy_version: int,
-        pending_rollouts: Sequence[Dict[str, Any]] = (),
+        pending_rollouts: Sequence[Collected] = (),
     ):
         """`params` (of `policy_version`): the learner's after `start_iteration`; `pending_rollouts`: the batches
         a checkpoint saved (`pending`), made before the run was interrupted."""
@@ -73,8 +73,7 @@ class AsyncRollouts:
         # be too stale (and draws their prompts again); one resumed with a larger eta, or from a checkpoint without
         # them (the end of a run it extends), samples its next batches with the restored params.
         version = int(policy_version)
-        for offset, record in enumerate(pending_rollouts):
-            made = collected_from_json(record)
+        for offset, made in enumerate(pending_rollouts):
             if version + offset - made.rollouts.policy_version > self.eta:
                 break
             self.ready[start_iteration + 1 + offset] = made
@@ -98,15 +97,16 @@ class AsyncRollouts:
                 start = time.perf_counter()
                 with self.sampler_lock:
                     self.maker.sampler.update_weights(params, version)
-                    rollouts, problems, scores, reward_metrics = collect(self.maker, iteration)
+                    rollouts, problems, rewarded = collect(self.maker, iteration)
                 action_rewards = prm_action_rewards(self.maker, rollouts, problems)
                 made = Collected(
                     rollouts,
-                    scores,
-                    reward_metrics,
+                    rewarded.scores,
+                    rewarded.metrics,
                     self.maker.loader.state(),
                     time.perf_counter() - start,
                     action_rewards,
+                    correct=rewarded.correct,
                 )
                 with self.condition:
                     self.ready[iteration] = made
@@ -137,14 +137,14 @@ class AsyncRollouts:
             self.latest = (params, int(version))
             self.condition.notify_all()
 
-    def pending(self, iteration: int) -> List[Dict[str, Any]]:
+    def pending(self, iteration: int) -> List[Collected]:
         """The batches after `iteration` that the generator makes before the learner's next update (iterations
-        iteration + 1 .. iteration + eta), as JSON for the checkpoint; waits until they are made."""
+        iteration + 1 .. iteration + eta), for the checkpoint; waits until they are made."""
         last = min(iteration + self.eta, self.total_iterations)
         with self.condition:
             for later in range(iteration + 1, last + 1):
                 self._wait_for(later)
-            return [collected_to_json(self.ready[later]) for later in range(iteration + 1, last + 1)]
+            return [self.ready[later] for later in range(iteration + 1, last + 1)]
 
     @contextlib.contextmanager
     def current_weights(self) -> Iterator[None]:
@@ -162,82 +162,94 @@ class AsyncRollouts:
 
 
 # ------------------------------------------------------------------ pending batches in a checkpoint
+#
+# A batch made ahead of the learner is saved with the checkpoint: its arrays as an Orbax item beside the state
+# (`Checkpointer.save(..., arrays=)`, verified by checksums), the rest (lengths, strings, the data position) as JSON
+# in the metadata. Orbax refuses zero-size arrays: those are rebuilt from the dtype and shape the JSON keeps.
+
+_RAGGED = {"prompt_ids": np.int64, "completion_ids": np.int64, "logprobs": np.float32, "policy_logprobs": np.float32}
+_OPTIONAL = ("action_rewards", "row_advantages", "row_mask", "correct")
 
 
-def _array(value: np.ndarray) -> Dict[str, Any]:
-    """An array as JSON, bit for bit (base64 of its bytes)."""
-    value = np.ascontiguousarray(value)
-    return {"dtype": value.dtype.str, "shape": list(value.shape), "bytes": base64.b64encode(value.tobytes()).decode()}
-
-
-def _from_array(record: Dict[str, Any]) -> np.ndarray:
-    data = base64.b64decode(record["bytes"])
-    return np.frombuffer(data, np.dtype(record["dtype"])).reshape(record["shape"]).copy()
-
-
-def _ragged(rows, dtype) -> Dict[str, Any]:
-    return {
-        "values": _array(np.concatenate([np.asarray(r, dtype).ravel() for r in rows] + [np.zeros(0, dtype)])),
-        "lengths": [len(r) for r in rows],
-    }
-
-
-def _from_ragged(record: Dict[str, Any]) -> List[np.ndarray]:
-    values = _from_array(record["values"])
-    ends = np.cumsum(record["lengths"])
-    return [values[end - length : end] for end, length in zip(ends, record["lengths"])]
-
-
-def _optional(value: Optional[np.ndarray]) -> Optional[Dict[str, Any]]:
-    return None if value is None else _array(np.asarray(value))
-
-
-def collected_to_json(collected: Collected) -> Dict[str, Any]:
-    """A graded batch as a JSON object that `collected_from_json` turns back into an equal one
-    (arrays bit for bit; token ids as int64, log-probs as float32)."""
+def collected_to_item(collected: Collected) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """(the batch's arrays, a JSON record): what `collected_from_item` turns back into an equal batch (arrays bit
+    for bit; token ids as int64, log-probs as float32)."""
     r = collected.rollouts
-    return {
-        "prompt_ids": _ragged(r.prompt_ids, np.int64),
-        "completion_ids": _ragged(r.completion_ids, np.int64),
-        "logprobs": _ragged(r.logprobs, np.float32),
-        "policy_logprobs": _ragged(r.policy_logprobs, np.float32),
+    arrays = {
+        name: np.concatenate([np.asarray(row, dtype).ravel() for row in getattr(r, name)] + [np.zeros(0, dtype)])
+        for name, dtype in _RAGGED.items()
+    }
+    arrays.update(prompt_indices=np.asarray(r.prompt_indices), scores=np.asarray(collected.scores))
+    arrays.update({k: np.asarray(getattr(collected, k)) for k in _OPTIONAL if getattr(collected, k) is not None})
+    record = {
+        "lengths": {name: [len(row) for row in getattr(r, name)] for name in _RAGGED},
+        "arrays": {name: {"dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()},
         "finish_reasons": list(r.finish_reasons),
         "stop_reasons": [s if s is None or isinstance(s, str) else int(s) for s in r.stop_reasons],
-        "prompt_indices": _array(np.asarray(r.prompt_indices)),
         "policy_version": int(r.policy_version),
         "texts": None if r.texts is None else list(r.texts),
-        "scores": _array(np.asarray(collected.scores)),
         "reward_metrics": {k: float(v) for k, v in collected.reward_metrics.items()},
         "data_state": collected.data_state,
         "generate_seconds": float(collected.generate_seconds),
-        "action_rewards": _optional(collected.action_rewards),
-        "row_advantages": _optional(collected.row_advantages),
-        "row_mask": _optional(collected.row_mask),
     }
+    return {name: a for name, a in arrays.items() if a.size}, record
 
 
-def collected_from_json(record: Dict[str, Any]) -> Collected:
-    """The inverse of `collected_to_json`."""
+def collected_from_item(arrays: Dict[str, np.ndarray], record: Dict[str, Any]) -> Collected:
+    """The inverse of `collected_to_item`."""
+    full = {
+        name: np.asarray(arrays[name]) if name in arrays else np.zeros(spec["shape"], np.dtype(spec["dtype"]))
+        for name, spec in record["arrays"].items()
+    }
+    rows = {}
+    for name in _RAGGED:
+        ends = np.cumsum(record["lengths"][name], dtype=np.int64)
+        rows[name] = [full[name][end - length : end] for end, length in zip(ends, record["lengths"][name])]
     rollouts = Rollouts(
-        prompt_ids=[[int(t) for t in row] for row in _from_ragged(record["prompt_ids"])],
-        completion_ids=[[int(t) for t in row] for row in _from_ragged(record["completion_ids"])],
-        logprobs=_from_ragged(record["logprobs"]),
-        policy_logprobs=_from_ragged(record["policy_logprobs"]),
+        prompt_ids=[[int(t) for t in row] for row in rows["prompt_ids"]],
+        completion_ids=[[int(t) for t in row] for row in rows["completion_ids"]],
+        logprobs=rows["logprobs"],
+        policy_logprobs=rows["policy_logprobs"],
         finish_reasons=list(record["finish_reasons"]),
         stop_reasons=list(record["stop_reasons"]),
-        prompt_indices=_from_array(record["prompt_indices"]),
+        prompt_indices=full["prompt_indices"],
         policy_version=int(record["policy_version"]),
         texts=record["texts"],
     )
-    optional = {
-        k: None if record[k] is None else _from_array(record[k])
-        for k in ("action_rewards", "row_advantages", "row_mask")
-    }
     return Collected(
         rollouts,
-        _from_array(record["scores"]),
+        full["scores"],
         dict(record["reward_metrics"]),
         dict(record["data_state"]),
         float(record["generate_seconds"]),
-        **optional,
+        **{k: full.get(k) for k in _OPTIONAL},
     )
+
+
+def pending_to_checkpoint(batches: List[Collected]) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(the arrays item, the metadata's records) of the batches a generator made ahead (`AsyncRollouts.pending`)."""
+    items = [collected_to_item(batch) for batch in batches]
+    return {f"batch_{i}": arrays for i, (arrays, _) in enumerate(items) if arrays}, [record for _, record in items]
+
+
+def pending_from_checkpoint(arrays: Dict[str, Any], records: List[Dict[str, Any]]) -> List[Collected]:
+    """The inverse of `pending_to_checkpoint`; also reads the records of the previous layout (every array as
+    base64 inside the JSON), so a run checkpointed by the previous version resumes."""
+    return [
+        collected_from_item(arrays.get(f"batch_{i}", {}), record) if "lengths" in record else _from_base64(record)
+        for i, record in enumerate(records)
+    ]
+
+
+def _from_base64(record: Dict[str, Any]) -> Collected:
+    """A batch of the previous layout: each array as {"dtype", "shape", "bytes": base64}, ragged ones as
+    {"values": array, "lengths": [...]}."""
+
+    def array(r):
+        return np.frombuffer(base64.b64decode(r["bytes"]), np.dtype(r["dtype"])).reshape(r["shape"]).copy()
+
+    arrays = {name: array(record[name]["values"]) for name in _RAGGED}
+    arrays.update(prompt_indices=array(record["prompt_indices"]), scores=array(record["scores"]))
+    arrays.update({k: array(record[k]) for k in _OPTIONAL if record.get(k) is not None})
+    layout = {name: {"dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()}
+    return collected_from_item(arrays, dict(record, lengths={n: record[n]["lengths"] for n in _RAGGED}, arrays=layout))

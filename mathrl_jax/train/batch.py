@@ -135,9 +135,13 @@ def batch_columns(max_length: int, rollouts) -> int:
     return min(bucket(needed, 16), max_length)
 
 
-def dapo_shaping(dapo: DapoSettings, rollouts, scores: np.ndarray):
-    """(scores with the overlong penalty, `[N]` row mask of DAPO's group filter, its metrics)."""
-    correct = scores >= dapo.correct_score if dapo.correct_score is not None else scores > 0
+def dapo_shaping(dapo: DapoSettings, rollouts, scores: np.ndarray, correct: Optional[np.ndarray] = None):
+    """(scores with the overlong penalty, `[N]` row mask of DAPO's group filter, its metrics).
+
+    A group's success rate counts the verifier's verdicts (`correct`, from the grader); where nothing graded (a
+    custom `reward_fn`), a score of at least `correct_score` (above 0 with None) counts as a success."""
+    if correct is None:
+        correct = scores >= dapo.correct_score if dapo.correct_score is not None else scores > 0
     scores = scores + advantages_lib.overlong_penalty(
         rollouts.completion_lengths,
         max_new_tokens=dapo.max_new_tokens,
@@ -163,17 +167,19 @@ def prepare_batch(
     action_rewards=None,
     row_advantages=None,
     row_mask=None,
+    correct=None,
 ) -> Dict[str, Any]:
     """The update's batch for `state`: padded arrays, recomputed old / reference log-probs, values, advantages,
     the minibatch order and, with packing, the update's plan; and the batch's metrics.
 
+    `correct`: the verifier's `[N]` verdicts (DAPO's success rates), None where nothing graded.
     `rng`: the raw key data `state.rng` holds (`state.rng_after(seed, updates)` on the host; None reads
     `state.rng`, a transfer from the device), from which the host draws the update's minibatch order."""
     s = maker.settings
     row_mask = np.ones(len(rollouts), np.float32) if row_mask is None else np.asarray(row_mask, np.float32)
     metrics: Dict[str, float] = {}
     if s.dapo is not None:
-        scores, row_mask, dapo_metrics = dapo_shaping(s.dapo, rollouts, scores)
+        scores, row_mask, dapo_metrics = dapo_shaping(s.dapo, rollouts, scores, correct)
         metrics.update(dapo_metrics)
     # The widest batch so far at least: the passes and the update compile once per growth, not per batch.
     width = max(batch_columns(s.max_length, rollouts), maker.shape_floors.get("width", 0))

@@ -25,6 +25,7 @@ from mathrl_jax.sharding import distributed
 from mathrl_jax.train import passes, sections
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.async_loop import pending_from_checkpoint
 from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.collect import RolloutMaker
@@ -203,7 +204,16 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     )
     evaluation = sections.eval_settings(config)
     start_dir, warm_metrics = warm_start(
-        config, evaluation, run_dir, model_dir, codec, train_problems, sampler_args, grader, eval_prompts, eval_golds
+        sections.warmstart_settings(config),
+        evaluation,
+        run_dir,
+        model_dir,
+        codec,
+        train_problems,
+        sampler_args,
+        grader,
+        eval_prompts,
+        eval_golds,
     )
 
     mesh = sharding.make_mesh(config.mesh.to_dict())
@@ -244,13 +254,15 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
     )
     start_iteration = 0
-    pending: List[Dict[str, Any]] = []
+    pending: List[Any] = []
     shape_floors: Dict[str, Any] = {}
     if config.resume and checkpointer.latest_step() is not None:
         state, metadata = checkpointer.restore(state)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
-        pending = metadata.get(PENDING_KEY) or []
+        records = metadata.get(PENDING_KEY) or []  # an asynchronous run's batches made ahead, and their arrays
+        arrays = checkpointer.restore_arrays(checkpointer.restored_step) if records else {}
+        pending = pending_from_checkpoint(arrays, records)
         # The batch shapes the run had grown to: a resumed run pads and packs as the uninterrupted one.
         shape_floors = dict(metadata.get(SHAPES_KEY) or {})
     distributed.on_main_process("config.json", lambda: _write_config(config, run_dir))

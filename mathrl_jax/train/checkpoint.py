@@ -6,6 +6,8 @@ three items:
     <directory>/<step>/state      the pytree (OCDBT / TensorStore), sharded as it lives
     <directory>/<step>/metadata   JSON (in the file metadata/metadata): data position, config, version, ...
     <directory>/<step>/checksums  JSON: each leaf's dtype and checksum, taken from memory at `save`
+    <directory>/<step>/arrays     optional: host NumPy arrays saved beside the state (`save(..., arrays=)`), e.g. an
+                                  asynchronous run's pending batches, verified by checksums as the state is
 
 Guarantees:
 
@@ -67,6 +69,7 @@ import orbax.checkpoint as ocp
 
 from mathrl_jax.sharding.rules import path_string
 from mathrl_jax.train.checkpoint_directory import (
+    ARRAYS_ITEM,
     CHECKSUMS_ITEM,
     METADATA_ITEM,
     STATE_ITEM,
@@ -87,32 +90,11 @@ from mathrl_jax.train.checkpoint_tree import (
     _savable,
     _sequences,
     _short,
+    non_json,
 )
 from mathrl_jax.train.checksums import leaf_checksums, saved_dtype
 
 _log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------------
-# Metadata
-# --------------------------------------------------------------------------------------------
-
-
-def _non_json(value: Any, where: str) -> str | None:
-    """Where in `value` something is not a JSON value (None when all of it is)."""
-    if value is None or isinstance(value, (bool, str, int, float)):
-        return None
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{where} has the key {key!r} of type {type(key).__name__} (JSON keys are strings)"
-            found = _non_json(item, f"{where}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(value, (list, tuple)):
-        return next((f for i, x in enumerate(value) if (f := _non_json(x, f"{where}[{i}]"))), None)
-    return f"{where} is a {type(value).__name__} ({value!r:.60}); use int, float, str, bool, None, list or dict"
 
 
 class Checkpointer(CheckpointDirectory):
@@ -149,7 +131,15 @@ class Checkpointer(CheckpointDirectory):
 
     # ---- save ----
 
-    def save(self, step: int, state: Any, metadata: Mapping[str, Any] | None = None, *, force: bool = False) -> bool:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+        arrays: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Saves `state` and `metadata` as `step` if `should_save(step)` or `force`; returns whether it did.
 
         Args:
@@ -159,6 +149,8 @@ class Checkpointer(CheckpointDirectory):
           metadata: a JSON object (str keys; int, float, str, bool, None, list, dict values),
             e.g. {"data_position": 1234, "config": {...}, "version": "0.1.0"}.
           force: save even when `should_save(step)` is false (the final step of a run).
+          arrays: a nested dict of host NumPy arrays (no zero-size array: Orbax refuses them) saved beside the
+            state as their own item, with checksums; `restore_arrays` reads them back bit for bit.
 
         A step that already exists is not overwritten (returns False). A step older
         than the latest saved one is an error: restore that step first, or use
@@ -171,7 +163,7 @@ class Checkpointer(CheckpointDirectory):
         metadata = {} if metadata is None else metadata
         if not isinstance(metadata, Mapping):
             raise CheckpointError(f"metadata must be a JSON object (a dict), got {type(metadata).__name__}")
-        problem = _non_json(metadata, "metadata")
+        problem = non_json(metadata, "metadata")
         if problem:
             raise CheckpointError(f"cannot save step {step} in {self.directory}: {problem}")
         state, named = _map_leaves(state, "state", _savable)
@@ -190,13 +182,24 @@ class Checkpointer(CheckpointDirectory):
                 f"cannot save step {step} in {self.directory}: it already holds the newer step {steps[-1]} "
                 f"(steps {steps}); resume from the latest step or use another directory"
             )
-        args = ocp.args.Composite(
-            **{
-                STATE_ITEM: ocp.args.StandardSave(state),
-                METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
-                CHECKSUMS_ITEM: ocp.args.JsonSave({"leaves": checksums, "metadata_sha256": _json_sha256(metadata)}),
+        recorded = {"leaves": checksums, "metadata_sha256": _json_sha256(metadata)}
+        items = {
+            STATE_ITEM: ocp.args.StandardSave(state),
+            METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
+        }
+        if arrays:
+            named_arrays = {name: np.asarray(a) for name, a in _named(dict(arrays)).items()}
+            empty = [name for name, a in named_arrays.items() if a.size == 0]
+            if empty:
+                raise CheckpointError(f"cannot save step {step} in {self.directory}: zero-size arrays {empty}")
+            dtypes = {name: a.dtype for name, a in named_arrays.items()}
+            recorded["arrays"] = {
+                name: {"dtype": dtypes[name].name, "checksum": checksum}
+                for name, checksum in leaf_checksums(named_arrays, dtypes).items()
             }
-        )
+            items[ARRAYS_ITEM] = ocp.args.StandardSave(dict(arrays))
+        items[CHECKSUMS_ITEM] = ocp.args.JsonSave(recorded)
+        args = ocp.args.Composite(**items)
         try:
             return bool(self._manager.save(step, args=args, force=True))
         except Exception as e:  # re-raised with the directory and step named
@@ -325,6 +328,42 @@ class Checkpointer(CheckpointDirectory):
             self._verified = step if self._verified is None else max(self._verified, step)
         self.restored_step = step
         return state, metadata
+
+    def restore_arrays(self, step: int) -> dict[str, Any]:
+        """The host arrays saved with `step` (`save(..., arrays=)`), bit for bit, verified against their checksums;
+        {} when the step holds none.
+
+        Raises:
+          CorruptCheckpointError: they cannot be read, or their data differ from the checksums saved with them.
+        """
+        self._check_open()
+        where = os.path.join(self.directory, str(step))
+        if not (self._manager.directory / str(step) / ARRAYS_ITEM).exists():
+            return {}
+        try:
+            args = ocp.args.Composite(
+                **{ARRAYS_ITEM: ocp.args.StandardRestore(), CHECKSUMS_ITEM: ocp.args.JsonRestore()}
+            )
+            restored = self._manager.restore(step, args=args)
+            arrays = jax.tree.map(np.asarray, restored[ARRAYS_ITEM])
+            recorded = {
+                name: (np.dtype(e["dtype"]), e["checksum"]) for name, e in restored[CHECKSUMS_ITEM]["arrays"].items()
+            }
+        except Exception as e:  # noqa: BLE001  a damaged file, missing checksums: the arrays cannot be trusted
+            raise CorruptCheckpointError(f"cannot read the arrays of checkpoint {where}: {e}") from e
+        named = _named(arrays)
+        got = (
+            leaf_checksums(named, {name: dtype for name, (dtype, _) in recorded.items()})
+            if set(named) == set(recorded)
+            else {}
+        )
+        damaged = sorted(name for name in recorded if got.get(name) != recorded[name][1])
+        if damaged:
+            raise CorruptCheckpointError(
+                f"checkpoint {where} fails verification: the arrays {_short(damaged)} differ from the checksums saved "
+                "with them (a damaged file)"
+            )
+        return arrays
 
     def _recorded_checksums(self, step: int) -> tuple[dict[str, tuple[np.dtype, str | None]], str | None]:
         """({key: (dtype, checksum)}, the metadata's SHA-256) saved with `step`; ({}, None) for a step saved before

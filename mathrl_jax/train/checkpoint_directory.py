@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 CHECKSUMS_ITEM = "checksums"
+ARRAYS_ITEM = "arrays"  # host arrays saved beside the state (an asynchronous run's pending batches)
 
 
 class CheckpointDirectory:
@@ -80,6 +81,7 @@ class CheckpointDirectory:
             STATE_ITEM: ocp.StandardCheckpointHandler(),
             METADATA_ITEM: ocp.JsonCheckpointHandler(),
             CHECKSUMS_ITEM: ocp.JsonCheckpointHandler(),
+            ARRAYS_ITEM: ocp.StandardCheckpointHandler(),
         }
         self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
         self._closed = False

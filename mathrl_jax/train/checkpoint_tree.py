@@ -193,3 +193,20 @@ def _in_dtype(leaf: Any, dtype: np.dtype | None) -> Any:
             return leaf
         return jax.ShapeDtypeStruct(leaf.shape, dtype, sharding=leaf.sharding)
     return leaf.astype(dtype)
+
+
+def non_json(value: Any, where: str) -> str | None:
+    """Where in `value` something is not a JSON value (None when all of it is)."""
+    if value is None or isinstance(value, (bool, str, int, float)):
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has the key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+            found = non_json(item, f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((f for i, x in enumerate(value) if (f := non_json(x, f"{where}[{i}]"))), None)
+    return f"{where} is a {type(value).__name__} ({value!r:.60}); use int, float, str, bool, None, list or dict"

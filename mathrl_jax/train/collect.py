@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from mathrl_jax.rewards.functions import RewardFunctionError
+from mathrl_jax.rewards.math_grader import batch_rewards
 from mathrl_jax.sampling import SamplingParams
 from mathrl_jax.train.batch import action_indices
 from mathrl_jax.train.problems import PromptSettings, encode_prompts
@@ -70,32 +71,53 @@ def iteration_seed(seed: int, iteration: int) -> int:
     return zlib.crc32(f"{seed}:{iteration}".encode()) & 0x7FFFFFFF
 
 
-def collect(maker: RolloutMaker, iteration: int):
-    """Samples and grades one iteration's rollouts; returns (rollouts, problems, scores, reward metrics)."""
-    s = maker.settings
-    problems = maker.loader.next_batch(s.prompts_per_iteration)
-    prompt_ids = encode_prompts(s.prompts, maker.codec, problems)
-    params = s.sampling_at(iteration)
-    rollouts = maker.sampler.generate(prompt_ids, params)
-    golds = [p.answer for p in problems for _ in range(params.n)]
-    texts = rollouts.texts or [maker.codec.decode(ids) for ids in rollouts.completion_ids]
+@dataclasses.dataclass
+class Rewarded:
+    """What the rewards make of a batch of responses: `[N]` scores, the verifier's `[N]` verdicts (`correct`;
+    None where nothing graded: reward functions alone, or a custom `reward_fn`) and the metrics."""
+
+    scores: np.ndarray
+    correct: Optional[np.ndarray]
+    metrics: Dict[str, float]
+
+
+def reward(maker: RolloutMaker, prompt_ids, problems, texts, n: int, iteration: int) -> Rewarded:
+    """The batch's rewards: the verifier's (or `reward_fn`'s) scores plus the reward functions', with the
+    verifier's own verdicts; `n` responses per problem, in order."""
+    golds = [p.answer for p in problems for _ in range(n)]
     start = time.perf_counter()
-    if not s.grade:  # the user's functions alone: nothing is graded
-        scores, reward_metrics = np.zeros(len(texts), np.float32), {}
+    correct = None
+    if not maker.settings.grade:  # the user's functions alone: nothing is graded
+        scores, metrics = np.zeros(len(texts), np.float32), {}
+    elif maker.reward_fn is not None:
+        scores, metrics = maker.reward_fn(texts, golds)
     else:
-        scores, reward_metrics = (maker.reward_fn or maker.grader.rewards)(texts, golds)
+        results = maker.grader.grade_batch(texts, golds)
+        scores, metrics = batch_rewards(results, maker.grader.grader.values)
+        correct = np.asarray([r.status == "correct" for r in results])
     if maker.reward_functions is not None:
-        problems_per_row = [p for p in problems for _ in range(params.n)]
+        problems_per_row = [p for p in problems for _ in range(n)]
         prompt_texts = [maker.codec.decode(ids, skip_special_tokens=False) for ids in prompt_ids]
-        prompt_texts = [t for t in prompt_texts for _ in range(params.n)]
+        prompt_texts = [t for t in prompt_texts for _ in range(n)]
         try:
             extra, function_metrics = maker.reward_functions(prompt_texts, texts, problems_per_row)
         except RewardFunctionError as error:
             fail(f"iteration {iteration}: {error}")
         scores = np.asarray(scores, np.float32) + extra
-        reward_metrics = {**reward_metrics, **function_metrics}
-    reward_metrics = {**reward_metrics, "perf/grade_time": time.perf_counter() - start}
-    return rollouts, problems, np.asarray(scores, np.float32), reward_metrics
+        metrics = {**metrics, **function_metrics}
+    metrics = {**metrics, "perf/grade_time": time.perf_counter() - start}
+    return Rewarded(np.asarray(scores, np.float32), correct, metrics)
+
+
+def collect(maker: RolloutMaker, iteration: int):
+    """Samples and grades one iteration's rollouts; returns (rollouts, problems, `Rewarded`)."""
+    s = maker.settings
+    problems = maker.loader.next_batch(s.prompts_per_iteration)
+    prompt_ids = encode_prompts(s.prompts, maker.codec, problems)
+    params = s.sampling_at(iteration)
+    rollouts = maker.sampler.generate(prompt_ids, params)
+    texts = rollouts.texts or [maker.codec.decode(ids) for ids in rollouts.completion_ids]
+    return rollouts, problems, reward(maker, prompt_ids, problems, texts, params.n, iteration)
 
 
 def prm_action_rewards(maker: RolloutMaker, rollouts, problems) -> Optional[np.ndarray]:
@@ -134,6 +156,7 @@ class Collected:
     action_rewards: Optional[np.ndarray] = None  # [N, A] PRM step scores (reward_source with "prm")
     row_advantages: Optional[np.ndarray] = None  # [N] per-row advantages made by the source (multi-turn ReBN)
     row_mask: Optional[np.ndarray] = None  # [N] 1 on rows that count
+    correct: Optional[np.ndarray] = None  # [N] the verifier's verdicts (`Rewarded.correct`)
 
 
 class SyncRollouts:
@@ -150,16 +173,23 @@ class SyncRollouts:
 
     def get(self, iteration: int) -> Collected:
         start = time.perf_counter()
-        rollouts, problems, scores, reward_metrics = collect(self.maker, iteration)
+        rollouts, problems, rewarded = collect(self.maker, iteration)
         action_rewards = prm_action_rewards(self.maker, rollouts, problems)
+        seconds = time.perf_counter() - start
         return Collected(
-            rollouts, scores, reward_metrics, self.maker.loader.state(), time.perf_counter() - start, action_rewards
+            rollouts,
+            rewarded.scores,
+            rewarded.metrics,
+            self.maker.loader.state(),
+            seconds,
+            action_rewards,
+            correct=rewarded.correct,
         )
 
     def updated(self, iteration: int, params: Any, version: int) -> None:
         self.maker.sampler.update_weights(params, version)
 
-    def pending(self, iteration: int) -> List[Dict[str, Any]]:
+    def pending(self, iteration: int) -> List["Collected"]:
         return []
 
     def current_weights(self):

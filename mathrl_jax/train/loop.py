@@ -27,10 +27,10 @@ from mathrl_jax import files
 from mathrl_jax.models import hf
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import state as state_lib
-from mathrl_jax.train.async_loop import AsyncRollouts
+from mathrl_jax.train.async_loop import AsyncRollouts, pending_to_checkpoint
 from mathrl_jax.train.batch import BatchMaker, mesh_context, prepare_batch, shuffled_rewards
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
-from mathrl_jax.train.collect import SyncRollouts
+from mathrl_jax.train.collect import Collected, SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
 from mathrl_jax.train.multiturn import EnvRollouts
 from mathrl_jax.train.progress import Progress
@@ -128,6 +128,7 @@ def train_iteration(
             action_rewards=got.action_rewards,
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
+            correct=got.correct,
         )
         jax.block_until_ready(batch)
         update_start = time.perf_counter()
@@ -174,16 +175,17 @@ def train_iteration(
     return state, got.data_state, metrics
 
 
-def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Dict[str, Any]]] = None) -> bool:
+def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Collected]] = None) -> bool:
     """Checkpoints the state after `iteration`, with the data position and the batches a generator `pending`
-    had made ahead (`SyncRollouts.pending`)."""
+    had made ahead (`SyncRollouts.pending`: their arrays an item of the checkpoint, the rest in its metadata)."""
+    arrays, records = pending_to_checkpoint(pending or [])
     metadata = {
         "data": run.data_state or run.rollouts.loader.state(),
         "iteration": iteration,
-        PENDING_KEY: pending or [],
+        PENDING_KEY: records,
         SHAPES_KEY: dict(run.batches.shape_floors),
     }
-    return run.checkpointer.save(iteration, run.state, metadata, force=force)
+    return run.checkpointer.save(iteration, run.state, metadata, force=force, arrays=arrays or None)
 
 
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:

@@ -75,5 +75,5 @@ class Run:
     env_name: str = ""  # multi-turn: the environment
     gamma: float = 1.0  # multi-turn: ReBN's discount
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
-    pending_rollouts: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # resumed async batches
+    pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch

@@ -20,6 +20,7 @@ from mathrl_jax.train.evaluation import EvalSettings
 from mathrl_jax.train.problems import prompt_settings
 from mathrl_jax.train.run import RunSettings
 from mathrl_jax.train.validation import num_iterations
+from mathrl_jax.train.warmstart import WarmStartSettings
 
 
 def algorithm_of(config) -> algorithms.Algorithm:
@@ -139,6 +140,24 @@ def rollout_settings(config) -> RolloutSettings:
         grade=config.reward_source != "functions",
         step_separator=config.step_separator,
         episode_length=config.episode_length,
+    )
+
+
+def warmstart_settings(config) -> WarmStartSettings:
+    w = config.warmstart
+    return WarmStartSettings(
+        steps=w.steps,
+        prompts=prompt_settings(config),
+        batch_size=w.batch_size,
+        lr=w.lr,
+        warmup_steps=w.warmup_steps,
+        targets=w.targets,
+        slip_rate=w.slip_rate,
+        seed=config.seed,
+        question_format=config.arithmetic.question_format,
+        param_dtype=config.param_dtype,
+        dtype=config.dtype,
+        progress=bool(config.progress),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -17,23 +18,58 @@ from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
 from mathrl_jax.train.evaluation import EvalSettings, held_out_accuracy
-from mathrl_jax.train.problems import encode_prompts, prompt_settings
+from mathrl_jax.train.problems import PromptSettings, encode_prompts
 from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.validation import fail
 
 
-def warmstart_examples(config, codec: TextCodec, problems) -> List[sft.Example]:
+@dataclasses.dataclass(frozen=True)
+class WarmStartSettings:
+    """The supervised warm-start's section of the run's settings (made by the build): `steps` optimizer steps
+    (0: none) of `batch_size` examples at `lr` after `warmup_steps`, on the teacher's worked solutions
+    (`targets="teacher"`, each carry dropped with probability `slip_rate`) or the bare boxed answers ("answer");
+    the model at `param_dtype` / `dtype`, its prompts as the RL's."""
+
+    steps: int
+    prompts: PromptSettings
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 0
+    targets: str = "teacher"
+    slip_rate: float = 0.0
+    seed: int = 0
+    question_format: str = "{expr}="
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.targets not in ("teacher", "answer"):
+            raise ValueError(f"unknown warmstart.targets {self.targets!r}; expected 'teacher' or 'answer'")
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0 or not 0.0 <= self.slip_rate <= 1.0:
+            raise ValueError(
+                f"warmstart.steps={self.steps}, batch_size={self.batch_size}, lr={self.lr}, slip_rate="
+                f"{self.slip_rate}: out of range"
+            )
+
+    def record(self) -> Dict[str, Any]:
+        """What made a warm-started model, saved beside it (`WARMSTART_RECORD`) and checked when a run reuses it."""
+        names = ("steps", "batch_size", "lr", "warmup_steps", "targets", "slip_rate")
+        return {"seed": int(self.seed), **{name: getattr(self, name) for name in names}}
+
+
+def warmstart_examples(settings: WarmStartSettings, codec: TextCodec, problems) -> List[sft.Example]:
     """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`), or the bare
     boxed answers. Prompts are the RL prompts (the same template), targets end with EOS."""
-    prompt_ids = encode_prompts(prompt_settings(config), codec, problems)
-    if config.warmstart.targets == "answer":
+    prompt_ids = encode_prompts(settings.prompts, codec, problems)
+    if settings.targets == "answer":
         targets = [sft.BOXED_COMPLETION.format(answer=p.answer) for p in problems]
     else:
         targets = teacher.teacher_solutions(
             [p.question for p in problems],
-            slip_rate=config.warmstart.slip_rate,
-            seed=config.seed,
-            question_format=config.arithmetic.question_format,
+            slip_rate=settings.slip_rate,
+            seed=settings.seed,
+            question_format=settings.question_format,
         )
     return [(prompt, codec.encode(text) + [codec.eos_token_id]) for prompt, text in zip(prompt_ids, targets)]
 
@@ -43,17 +79,13 @@ WARMSTART_METRICS = "mathrl_jax_warmstart_metrics.json"  # the warm-start's befo
 """Written beside the warm-started model: the settings that made it, checked when a run reuses it."""
 
 
-def warmstart_settings(config) -> Dict[str, Any]:
-    return {"seed": int(config.seed), **config.warmstart.to_dict()}
-
-
-def check_reused_warmstart(config, directory: str) -> None:
+def check_reused_warmstart(settings: WarmStartSettings, directory: str) -> None:
     path = os.path.join(directory, WARMSTART_RECORD)
     if not os.path.isfile(path):  # made before the record existed: nothing to compare
         return
     with open(path) as f:
         saved = json.load(f)
-    wanted = json.loads(json.dumps(warmstart_settings(config)))  # tuples as lists, as saved
+    wanted = json.loads(json.dumps(settings.record()))  # tuples as lists, as saved
     changed = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
     if changed:
         differences = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -64,7 +96,7 @@ def check_reused_warmstart(config, directory: str) -> None:
 
 
 def warm_start(
-    config,
+    settings: WarmStartSettings,
     evaluation: EvalSettings,
     run_dir,
     model_dir,
@@ -77,28 +109,28 @@ def warm_start(
 ):
     """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
     directory = os.path.join(run_dir, "warmstart_model")
-    if config.warmstart.steps <= 0:
+    if settings.steps <= 0:
         return model_dir, {}
     if os.path.isdir(directory):
-        check_reused_warmstart(config, directory)
+        check_reused_warmstart(settings, directory)
         return directory, unlogged_warmstart_metrics(run_dir, directory)
-    model = hf.load_model(model_dir, param_dtype=config.param_dtype, dtype=config.dtype)
+    model = hf.load_model(model_dir, param_dtype=settings.param_dtype, dtype=settings.dtype)
     before = held_out_accuracy(evaluation, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
-    examples = warmstart_examples(config, codec, train_problems)
+    examples = warmstart_examples(settings, codec, train_problems)
     start = time.time()
-    bar = Progress(config.warmstart.steps, keys=("loss",), disable=not config.progress, desc="warm-start")
+    bar = Progress(settings.steps, keys=("loss",), disable=not settings.progress, desc="warm-start")
     with bar:
         new_state = sft.supervised_warmstart(
             model,
             examples,
-            steps=config.warmstart.steps,
-            batch_size=config.warmstart.batch_size,
-            learning_rate=config.warmstart.lr,
-            warmup_steps=config.warmstart.warmup_steps,
-            seed=config.seed,
+            steps=settings.steps,
+            batch_size=settings.batch_size,
+            learning_rate=settings.lr,
+            warmup_steps=settings.warmup_steps,
+            seed=settings.seed,
             pad_id=codec.pad_token_id,
-            log_every=max(1, config.warmstart.steps // 100),
-            log_fn=bar.update if config.progress else None,
+            log_every=max(1, settings.steps // 100),
+            log_fn=bar.update if settings.progress else None,
         )
     seconds = time.time() - start
     warm = nnx.merge(nnx.graphdef(model), new_state)
@@ -108,13 +140,13 @@ def warm_start(
         "warmstart/eval_accuracy_before": before["eval/accuracy"],
         "warmstart/eval_accuracy_after": after["eval/accuracy"],
         "warmstart/seconds": seconds,
-        "warmstart/steps": float(config.warmstart.steps),
+        "warmstart/steps": float(settings.steps),
     }
 
     def write(d):
         hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
         with open(os.path.join(d, WARMSTART_RECORD), "w") as f:
-            json.dump(warmstart_settings(config), f, indent=2)
+            json.dump(settings.record(), f, indent=2)
         with open(os.path.join(d, WARMSTART_METRICS), "w") as f:  # kept with the model: see unlogged_...
             json.dump({"run_dir": os.path.realpath(run_dir), "metrics": metrics}, f, indent=2)
 

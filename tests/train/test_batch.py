@@ -41,7 +41,8 @@ def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, t
     config = small_config(model_dir, tmp_path / "run", num_iterations=1, old_logprobs="trainer")
     run = build.build_run(config)
     try:
-        rollouts, _, scores, _ = collect.collect(run.rollouts, 1)
+        rollouts, _, rewarded = collect.collect(run.rollouts, 1)
+        scores = rewarded.scores
         recomputed, metrics = batch.prepare_batch(run.batches, run.state, rollouts, scores)
         run.batches.settings = dataclasses.replace(run.batches.settings, old_logprobs_from_sampler=True)
         reported, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
@@ -82,7 +83,8 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
     config = small_config(model_dir, tmp_path / "run", num_iterations=1)
     run = build.build_run(config)
     try:
-        rollouts, _, scores, _ = collect.collect(run.rollouts, 1)
+        rollouts, _, rewarded = collect.collect(run.rollouts, 1)
+        scores = rewarded.scores
         scores = np.where(rollouts.prompt_indices % 2 == 0, 1.0, scores).astype(np.float32)  # even groups all right
         scores[rollouts.prompt_indices == 1] = [1.0, 0.0, 0.0, 0.0]  # one group that learns
         prepared, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
@@ -115,3 +117,18 @@ def test_rloo_and_reinforce_pp_advantages_are_verls_formulas():
     token_var = (((centred - token_mean) * mask) ** 2).sum() / (mask.sum() - 1)  # unbiased, as verl's masked_whiten
     expected = (centred - token_mean) / np.sqrt(token_var + 1e-8) * mask
     np.testing.assert_allclose(np.asarray(pp) * mask, expected, atol=1e-4)
+
+
+def test_dapo_counts_the_verifiers_verdicts_not_the_scores():
+    """With reward functions added to the verifier's score, a wrong response can score as high as a right one:
+    DAPO's filter counts the grader's verdicts. Before, it rebuilt success from the scores (score >= correct)."""
+    from types import SimpleNamespace
+
+    dapo = batch.DapoSettings(max_new_tokens=8, correct_score=1.0)
+    rollouts = SimpleNamespace(completion_lengths=np.full(4, 3), prompt_indices=np.array([0, 0, 1, 1]))
+    scores = np.array([1.0, 1.2, 1.5, 0.0], np.float32)  # group 0: all score >= 1; row 1 was wrong (+ a bonus)
+    verdicts = np.array([True, False, True, False])
+    _, kept, _ = batch.dapo_shaping(dapo, rollouts, scores, verdicts)
+    np.testing.assert_array_equal(kept, [1, 1, 1, 1])  # each group half right: both kept
+    _, by_score, _ = batch.dapo_shaping(dapo, rollouts, scores)  # no verdicts (a custom reward_fn)
+    np.testing.assert_array_equal(by_score, [0, 0, 1, 1])  # group 0 looks all right by its scores

@@ -53,13 +53,15 @@ def test_a_reused_warmstart_must_match_the_settings(model_dir, tmp_path):  # noq
     config = small_config(model_dir, tmp_path / "run", **{"warmstart.steps": 5})
     directory = tmp_path / "warm"
     directory.mkdir()
-    warmstart.check_reused_warmstart(config, str(directory))  # no record (an older run): reused as it is
+    warmstart.check_reused_warmstart(
+        sections.warmstart_settings(config), str(directory)
+    )  # no record (an older run): reused as it is
     record = {"seed": config.seed, **config.warmstart.to_dict()}
     (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
-    warmstart.check_reused_warmstart(config, str(directory))
+    warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
     config.warmstart.slip_rate = 0.5
     with pytest.raises(validation.TrainingError, match="slip_rate: 0.7 -> 0.5"):
-        warmstart.check_reused_warmstart(config, str(directory))
+        warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
 
 
 def test_a_control_never_resumes_the_real_run(model_dir, tmp_path):  # noqa: F811
