@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train.collect import Collected, RolloutMaker, collect, prm_action_rewards
+from mathrl_jax.train.collect import Collected, RolloutMaker, collect
 from mathrl_jax.train.validation import TrainingError
 
 
@@ -97,15 +97,14 @@ class AsyncRollouts:
                 start = time.perf_counter()
                 with self.sampler_lock:
                     self.maker.sampler.update_weights(params, version)
-                    rollouts, problems, rewarded = collect(self.maker, iteration)
-                action_rewards = prm_action_rewards(self.maker, rollouts, problems)
+                    rollouts, _, rewarded = collect(self.maker, iteration)
                 made = Collected(
                     rollouts,
                     rewarded.scores,
                     rewarded.metrics,
                     self.maker.loader.state(),
                     time.perf_counter() - start,
-                    action_rewards,
+                    rewarded.step_rewards,
                     correct=rewarded.correct,
                 )
                 with self.condition:

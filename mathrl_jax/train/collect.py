@@ -74,16 +74,19 @@ def iteration_seed(seed: int, iteration: int) -> int:
 @dataclasses.dataclass
 class Rewarded:
     """What the rewards make of a batch of responses: `[N]` scores, the verifier's `[N]` verdicts (`correct`;
-    None where nothing graded: reward functions alone, or a custom `reward_fn`) and the metrics."""
+    None where nothing graded: reward functions alone, or a custom `reward_fn`), a PRM's `[N, A]` step scores
+    (`step_rewards`, None without one) and the metrics."""
 
     scores: np.ndarray
     correct: Optional[np.ndarray]
     metrics: Dict[str, float]
+    step_rewards: Optional[np.ndarray] = None
 
 
-def reward(maker: RolloutMaker, prompt_ids, problems, texts, n: int, iteration: int) -> Rewarded:
+def reward(maker: RolloutMaker, rollouts, prompt_ids, problems, n: int, iteration: int) -> Rewarded:
     """The batch's rewards: the verifier's (or `reward_fn`'s) scores plus the reward functions', with the
-    verifier's own verdicts; `n` responses per problem, in order."""
+    verifier's own verdicts, and a PRM's step scores; `n` responses per problem, in order."""
+    texts = rollouts.texts or [maker.codec.decode(ids) for ids in rollouts.completion_ids]
     golds = [p.answer for p in problems for _ in range(n)]
     start = time.perf_counter()
     correct = None
@@ -106,7 +109,8 @@ def reward(maker: RolloutMaker, prompt_ids, problems, texts, n: int, iteration: 
         scores = np.asarray(scores, np.float32) + extra
         metrics = {**metrics, **function_metrics}
     metrics = {**metrics, "perf/grade_time": time.perf_counter() - start}
-    return Rewarded(np.asarray(scores, np.float32), correct, metrics)
+    step_rewards = prm_action_rewards(maker, rollouts, problems)
+    return Rewarded(np.asarray(scores, np.float32), correct, metrics, step_rewards)
 
 
 def collect(maker: RolloutMaker, iteration: int):
@@ -116,8 +120,7 @@ def collect(maker: RolloutMaker, iteration: int):
     prompt_ids = encode_prompts(s.prompts, maker.codec, problems)
     params = s.sampling_at(iteration)
     rollouts = maker.sampler.generate(prompt_ids, params)
-    texts = rollouts.texts or [maker.codec.decode(ids) for ids in rollouts.completion_ids]
-    return rollouts, problems, reward(maker, prompt_ids, problems, texts, params.n, iteration)
+    return rollouts, problems, reward(maker, rollouts, prompt_ids, problems, params.n, iteration)
 
 
 def prm_action_rewards(maker: RolloutMaker, rollouts, problems) -> Optional[np.ndarray]:
@@ -173,8 +176,7 @@ class SyncRollouts:
 
     def get(self, iteration: int) -> Collected:
         start = time.perf_counter()
-        rollouts, problems, rewarded = collect(self.maker, iteration)
-        action_rewards = prm_action_rewards(self.maker, rollouts, problems)
+        rollouts, _, rewarded = collect(self.maker, iteration)
         seconds = time.perf_counter() - start
         return Collected(
             rollouts,
@@ -182,7 +184,7 @@ class SyncRollouts:
             rewarded.metrics,
             self.maker.loader.state(),
             seconds,
-            action_rewards,
+            rewarded.step_rewards,
             correct=rewarded.correct,
         )
 

@@ -20,7 +20,6 @@ THE_BUILD = {
     "train/validation.py",  # the checks that span sections
     "train/resume.py",  # the config against the saved run's
     "train/problems.py",  # the config's data, loaded by the build
-    "train/warmstart.py",  # the warm-start, run by the build
     "train/config_help.py",  # --help, generated from the config
     "train/loop.py",  # train(config): the build, then the loop (its iteration takes sections)
     "train/algorithms.py",  # the names and their records
