@@ -11,7 +11,7 @@ exactly those params, however far the learner has got meanwhile:
 
 With eta = 0 the generator waits for every update: exactly the synchronous loop.
 The learner uses the decoupled loss: behaviour log-probs from the sampler,
-proximal log-probs recomputed with its current weights (`loop.prepare_batch`).
+proximal log-probs recomputed with its current weights (`batch.prepare_batch`).
 Source: Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement
 Learning System for Language Reasoning" (`max_head_offpolicyness`, decoupled
 PPO objective).

@@ -173,8 +173,8 @@ def prepare_batch(
     the minibatch order and, with packing, the update's plan; and the batch's metrics.
 
     `correct`: the verifier's `[N]` verdicts (DAPO's success rates), None where nothing graded.
-    `rng`: the raw key data `state.rng` holds (`state.rng_after(seed, updates)` on the host; None reads
-    `state.rng`, a transfer from the device), from which the host draws the update's minibatch order."""
+    `rng`: the raw key data `state.rng` holds, on the host (None reads `state.rng`, a transfer from the device),
+    from which the host draws the update's minibatch order."""
     s = maker.settings
     row_mask = np.ones(len(rollouts), np.float32) if row_mask is None else np.asarray(row_mask, np.float32)
     metrics: Dict[str, float] = {}
@@ -377,3 +377,10 @@ def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarra
     """
     order = np.random.default_rng([seed, iteration, 0x5EED]).permutation(len(scores))
     return np.asarray(scores)[order]
+
+
+def control_rewards(scores: np.ndarray, correct: Optional[np.ndarray], seed: int, iteration: int):
+    """The control run's (scores, verdicts): both in the same random order (`shuffled_rewards`), so DAPO's
+    successes tell no more than the scores do."""
+    shuffled = None if correct is None else shuffled_rewards(correct, seed, iteration)
+    return shuffled_rewards(scores, seed, iteration), shuffled

@@ -26,9 +26,8 @@ from flax import nnx
 from mathrl_jax import files
 from mathrl_jax.models import hf
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import state as state_lib
 from mathrl_jax.train.async_loop import AsyncRollouts, pending_to_checkpoint
-from mathrl_jax.train.batch import BatchMaker, mesh_context, prepare_batch, shuffled_rewards
+from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, prepare_batch
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import Collected, SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
@@ -100,10 +99,11 @@ def train_iteration(
     """One iteration (see the module docstring): (the new state, the data position of the batch it trained on,
     the iteration's metrics). `source` hears of the new weights (the synchronous loop's gives them to the sampler).
 
-    The minibatch order is drawn on the host from (seed, updates so far): the key the state holds after its
-    `state.step` updates (`state.rng_after`), as the update would draw it."""
+    The update's minibatch order is drawn on the host from the state's key (read with its step and version in one
+    transfer), as the update would draw it, and passed with the batch."""
     start = time.perf_counter()
-    updates, version = (int(x) for x in jax.device_get((state.step, state.policy_version)))
+    updates, version, rng = jax.device_get((state.step, state.policy_version, state.rng))
+    updates, version = int(updates), int(version)
     got = source.get(iteration)
     rollouts, scores, reward_metrics = got.rollouts, got.scores, got.reward_metrics
     waited = time.perf_counter() - start
@@ -115,8 +115,9 @@ def train_iteration(
         )
     if settings.step_rewards_only:
         scores = np.zeros_like(scores)  # step rewards only
+    correct = got.correct
     if settings.shuffle_rewards:
-        scores = shuffled_rewards(scores, settings.seed, iteration)
+        scores, correct = control_rewards(scores, correct, settings.seed, iteration)
     with out_of_memory_hint(settings, len(rollouts)):
         passes_start = time.perf_counter()
         batch, batch_metrics = prepare_batch(
@@ -124,11 +125,11 @@ def train_iteration(
             state,
             rollouts,
             scores,
-            rng=state_lib.rng_after(settings.seed, updates),
+            rng=rng,
             action_rewards=got.action_rewards,
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
-            correct=got.correct,
+            correct=correct,
         )
         jax.block_until_ready(batch)
         update_start = time.perf_counter()

@@ -27,12 +27,21 @@ def minibatch_order(rng: jax.Array, rows: int, epochs: int, num_mini_batch: int)
 _minibatch_order = jax.jit(minibatch_order, static_argnums=(1, 2, 3))  # one program on the host's side
 
 
+def _host_device():
+    """This process's CPU device, where the host draws; the default device where JAX has no CPU backend
+    (`JAX_PLATFORMS=cuda`): threefry draws the same bits on every backend."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return jax.local_devices()[0]
+
+
 def host_minibatch_order(rng, rows: int, ppo_epoch: int, num_mini_batch: int) -> np.ndarray:
     """`minibatch_order`'s rows, drawn on the host's CPU from the raw key data `rng` (numpy, or a device array,
     then fetched): what the update draws from a state of that `rng`, bit for bit (threefry is the same on every
     backend). Pass it in the batch under `ORDER` and the update takes it instead of drawing its own, so the host's
     packing plan and the device's minibatches come from one draw that crosses to the device once."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    with jax.default_device(_host_device()):
         _, order = _minibatch_order(np.asarray(rng), rows, ppo_epoch, num_mini_batch)
     return np.asarray(order)
 

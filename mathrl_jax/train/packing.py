@@ -12,7 +12,7 @@ the same loss, metrics and gradients (up to float rounding), for every aggregati
 
 Two plans:
   * `plan_passes`: all N rows, for the old / reference / proximal log-probs and the critic values.
-  * `plan_update`: per minibatch of `update.minibatch_order`, micro-batches formed by tokens: the
+  * `plan_update`: per minibatch of `minibatches.minibatch_order`, micro-batches formed by tokens: the
     minibatch's sequences packed into rows, at most `max_rows_per_micro` rows per micro-batch (the token
     budget), plus the padded rows (`rows`) whose loss-side arrays each micro-batch gathers.
 
@@ -193,7 +193,7 @@ def plan_update(
       attention_mask: `[N, L]`, the padded batch's.
       trained: `[N]` bool, the rows with a token any loss counts (response or value mask); the others add
         nothing to a loss or a metric and are left out.
-      order: `[S, mini]` the padded rows of each minibatch step (`update.minibatch_order`).
+      order: `[S, mini]` the padded rows of each minibatch step (`minibatches.minibatch_order`).
       row_tokens: columns of a packed row.
       max_rows_per_micro: the most packed rows in a micro-batch (the token budget / `row_tokens`); the rows
         per micro-batch are `rows_per_micro_batch`'s. None: one micro-batch per minibatch.

@@ -12,7 +12,6 @@ from typing import Any, Optional, Tuple, Union
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 
@@ -60,21 +59,6 @@ def create_train_state(
         critic_params=critic_params,
         critic_opt_state=None if critic_params is None else critic_optimizer.init(critic_params),
     )
-
-
-@jax.jit
-def _rng_after(seed_key_data: jax.Array, updates: jax.Array) -> jax.Array:
-    step = lambda _, data: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(data))[0])  # noqa: E731
-    return jax.lax.fori_loop(0, updates, step, seed_key_data)
-
-
-def rng_after(seed: int, updates: int) -> np.ndarray:
-    """`TrainState.rng` after `updates` updates of a state made with `seed`, computed on the host's CPU: each
-    update moves the key on once (`update.minibatch_order`'s first split). The loop draws an iteration's
-    minibatch order from it, so the host needs nothing of the device's state to plan the update."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        start = jax.random.key_data(jax.random.key(seed))
-        return np.asarray(_rng_after(start, np.int32(updates)))
 
 
 SCHEDULES = ("constant", "linear", "cosine")

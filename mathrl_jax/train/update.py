@@ -9,7 +9,10 @@ whose log-prob comes from the logits at column c - 1):
   ref_logprobs (with `kl_coef > 0`); proximal_logprobs (decoupled loss);
   returns, old_values, value_mask (with a critic: the entries the critic is
   trained on, e.g. each action's first token for APPO); action_index (the
-  action-level loss and whitening).
+  action-level loss and whitening). Optional, from the host (`minibatches`):
+  `minibatch_order` (`[epochs x minibatches, rows / minibatches]`, the order the
+  update would draw from the state's key: `host_minibatch_order`) and `packed`
+  (a packing plan, `with_packing`).
 
 Per minibatch: the loss denominator is computed on the whole minibatch, each
 micro-batch contributes numerator / denominator (so accumulation is exact,
@@ -236,6 +239,11 @@ def make_update_fn(
             key, order = minibatch_order(state.rng, rows, cfg.ppo_epoch, cfg.num_mini_batch)
         else:  # the host drew it from this state's key (`minibatches.host_minibatch_order`); the key moves on alike
             key, order = jax.random.split(jax.random.wrap_key_data(state.rng))[0], given_order
+            if order.shape != (cfg.ppo_epoch * cfg.num_mini_batch, mini):
+                raise ValueError(
+                    f"the batch's minibatch order has shape {order.shape}, expected "
+                    f"{(cfg.ppo_epoch * cfg.num_mini_batch, mini)} (ppo_epoch x num_mini_batch, rows per minibatch)"
+                )
         # The denominators count the whole minibatch: a packing plan may leave rows out (no token, or with
         # `skip_zero_advantage` no non-zero advantage) that a loss's denominator counts.
         denominator_keys = [k for k in ("response_mask", "action_index", "value_mask") if k in batch]

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mathrl_jax.train import advantages as rollout
+from mathrl_jax.train import advantages as advantages_lib
 from mathrl_jax.train import batch, build, collect, sections
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 
@@ -108,10 +108,12 @@ def test_rloo_and_reinforce_pp_advantages_are_verls_formulas():
     mask = (np.arange(6)[None, :] < rng.integers(1, 7, 12)[:, None]).astype(np.float32)
     batch = {"response_mask": mask}
     means = np.array([scores[group_ids == g].mean() for g in group_ids])
-    rloo = rollout.compute_advantages("rloo", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    rloo = advantages_lib.compute_advantages("rloo", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
     expected = (scores - (means * 4 - scores) / 3)[:, None] * mask  # s_i minus the mean of the other three
     np.testing.assert_allclose(np.asarray(rloo), expected, atol=1e-5)
-    pp = rollout.compute_advantages("reinforce_pp", batch, scores, group_ids=group_ids, num_groups=3)["advantages"]
+    pp = advantages_lib.compute_advantages("reinforce_pp", batch, scores, group_ids=group_ids, num_groups=3)[
+        "advantages"
+    ]
     centred = (scores - means)[:, None] * mask
     token_mean = centred.sum() / mask.sum()
     token_var = (((centred - token_mean) * mask) ** 2).sum() / (mask.sum() - 1)  # unbiased, as verl's masked_whiten
@@ -132,3 +134,14 @@ def test_dapo_counts_the_verifiers_verdicts_not_the_scores():
     np.testing.assert_array_equal(kept, [1, 1, 1, 1])  # each group half right: both kept
     _, by_score, _ = batch.dapo_shaping(dapo, rollouts, scores)  # no verdicts (a custom reward_fn)
     np.testing.assert_array_equal(by_score, [0, 0, 1, 1])  # group 0 looks all right by its scores
+
+
+def test_the_controls_verdicts_move_with_its_scores():
+    """`shuffle_rewards` (the control) carries no information about which response earned what: DAPO's verdicts
+    are shuffled with the scores, by the same permutation (each score keeps its verdict). Before, the verdicts
+    reached DAPO's filter unshuffled."""
+    scores = np.arange(16, dtype=np.float32)
+    shuffled, moved = batch.control_rewards(scores, scores % 3 == 0, 0, 5)
+    assert not np.array_equal(shuffled, scores)
+    np.testing.assert_array_equal(moved, shuffled % 3 == 0)
+    assert batch.control_rewards(scores, None, 0, 5)[1] is None

@@ -20,7 +20,7 @@ from flax import nnx
 from mathrl_jax import losses
 from mathrl_jax.configs import openr_appo, openr_tppo
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, codec, tiny_config
-from mathrl_jax.train import advantages as rollout
+from mathrl_jax.train import advantages as advantages_lib
 from mathrl_jax.train import problems, sections, validation
 from mathrl_jax.train.minibatches import minibatch_order
 from mathrl_jax.train.passes import critic_values, policy_logprobs
@@ -215,7 +215,7 @@ def test_one_update_equals_openr(algorithm):
     }
     values = critic_values(critic_graphdef, critic_params, ids, attention)
     batch.update(
-        rollout.compute_advantages(
+        advantages_lib.compute_advantages(
             algorithm,
             batch,
             jnp.zeros(N),  # reward_source="prm": step rewards only
@@ -264,7 +264,7 @@ def test_the_appo_critic_is_trained_on_each_steps_first_token():
         "old_logprobs": jnp.zeros((1, 5)),
     }
     old = jnp.array([[0.0, 0.5, 0.9, 0.2, 0.3]])
-    out = rollout.compute_advantages(
+    out = advantages_lib.compute_advantages(
         "appo",
         batch,
         jnp.zeros(1),
@@ -296,7 +296,7 @@ def test_answers_with_many_steps_are_never_merged():
     index = np.repeat(np.arange(steps), per)[None]
 
     def advantages(algorithm):
-        return rollout.compute_advantages(
+        return advantages_lib.compute_advantages(
             algorithm,
             batch,
             jnp.zeros(1),
@@ -313,11 +313,11 @@ def test_answers_with_many_steps_are_never_merged():
     step_adv, _ = appo_gae(rewards, values[:, ::per], [steps], 0.9, 0.8)
     np.testing.assert_allclose(advantages("appo"), np.repeat(step_adv, per, axis=1), atol=1e-5)
     with pytest.raises(ValueError, match="max_actions=8"):
-        rollout.compute_advantages(
+        advantages_lib.compute_advantages(
             "appo", batch, jnp.zeros(1), values=jnp.asarray(values), action_index=jnp.asarray(index), max_actions=8
         )
     with pytest.raises(ValueError, match="action_rewards has 8 columns"):
-        rollout.compute_advantages(
+        advantages_lib.compute_advantages(
             "appo",
             batch,
             jnp.zeros(1),
@@ -381,7 +381,7 @@ def test_steps_split_where_the_text_has_the_separator_under_a_qwen2_style_tokeni
     codec, separator = qwen2_style_codec, "\n\n"
     ids = codec.encode(text)
     pieces = [codec.token_text(t) for t in ids]
-    index = rollout.action_index_from_text(pieces, separator)
+    index = advantages_lib.action_index_from_text(pieces, separator)
     steps = ["".join(p for p, i in zip(pieces, index) if i == k).strip() for k in range(index.max() + 1)]
     assert steps == text_steps(text, separator)  # the PRM's steps, token for token
     assert np.all(np.diff(index) >= 0)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
-from mathrl_jax.train import advantages as rollout
+from mathrl_jax.train import advantages as advantages_lib
 from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn
 from mathrl_jax.train.state import create_train_state, learning_rate_schedule, make_optimizer
 from mathrl_jax.train.update import UpdateConfig, make_update_fn
@@ -234,9 +234,11 @@ def test_last_token_rewards_and_action_indices():
 def test_dapo_filter_and_overlong_penalty_formulas():
     scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
     groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    keep = rollout.dapo_group_filter(np.where(np.arange(8) < 2, 1.0, scores), groups)
+    keep = advantages_lib.dapo_group_filter(np.where(np.arange(8) < 2, 1.0, scores), groups)
     np.testing.assert_array_equal(keep, [False, False, True, True, False, False, True, True])
-    penalty = rollout.overlong_penalty(np.array([10, 12, 14, 16]), max_new_tokens=16, buffer_len=4, penalty_factor=2.0)
+    penalty = advantages_lib.overlong_penalty(
+        np.array([10, 12, 14, 16]), max_new_tokens=16, buffer_len=4, penalty_factor=2.0
+    )
     np.testing.assert_allclose(penalty, [0.0, 0.0, -1.0, -2.0])
 
 
@@ -268,7 +270,7 @@ def test_action_level_gae_matches_a_per_action_numpy_recursion():
 def test_group_advantages_respect_the_row_mask():
     batch = {"response_mask": jnp.ones((4, 3)), "input_ids": jnp.zeros((4, 3), jnp.int32)}
     scores = jnp.asarray([1.0, 0.0, 1.0, 1.0])
-    out = rollout.compute_advantages(
+    out = advantages_lib.compute_advantages(
         "grpo", batch, scores, group_ids=jnp.asarray([0, 0, 1, 1]), num_groups=2, row_mask=jnp.asarray([1, 1, 0, 0])
     )
     expected = losses.group_relative_advantages(scores[:2], jnp.asarray([0, 0]), num_groups=1)
@@ -276,7 +278,7 @@ def test_group_advantages_respect_the_row_mask():
     np.testing.assert_array_equal(out["advantages"][2:], 0.0)
     np.testing.assert_array_equal(out["response_mask"][2:], 0.0)
     with pytest.raises(ValueError, match="algorithm 'sft'"):
-        rollout.compute_advantages("sft", batch, scores)
+        advantages_lib.compute_advantages("sft", batch, scores)
 
 
 def test_log_probs_and_values_in_row_chunks_equal_the_whole_batch():
@@ -310,11 +312,10 @@ def test_padding_rows_do_not_dilute_the_metrics():
 
 
 def test_the_hosts_minibatch_order_is_the_one_the_update_draws():
-    """The loop draws each update's minibatch order on the host (`host_minibatch_order` from `state.rng_after`,
-    which needs nothing of the device) and passes it with the batch: the update given it ends bit for bit where
-    the update drawing its own does, its state's key included, over several updates."""
+    """The loop draws each update's minibatch order on the host (`host_minibatch_order` from the state's key) and
+    passes it with the batch: the update given it ends bit for bit where the update drawing its own does, its
+    state's key included, over several updates; an order of the wrong shape is refused."""
     from mathrl_jax.train.minibatches import ORDER, host_minibatch_order
-    from mathrl_jax.train.state import rng_after
 
     graphdef, params = split_policy()
     optimizer = make_optimizer(1e-2, max_grad_norm=None)
@@ -323,16 +324,15 @@ def test_the_hosts_minibatch_order_is_the_one_the_update_draws():
     drawn = given = create_train_state(params, optimizer, seed=7)
     for step in range(3):
         batch = make_batch(step)
-        np.testing.assert_array_equal(rng_after(7, step), np.asarray(given.rng))
-        order = host_minibatch_order(rng_after(7, step), N, cfg.ppo_epoch, cfg.num_mini_batch)
+        order = host_minibatch_order(np.asarray(given.rng), N, cfg.ppo_epoch, cfg.num_mini_batch)
         drawn, drawn_metrics = update(drawn, batch)
         given, given_metrics = update(given, {**batch, ORDER: order})
         for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(given)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert float(given_metrics["loss"]) == float(drawn_metrics["loss"])
     # Another order is another update: the given one is the one used.
-    other = host_minibatch_order(rng_after(8, 3), N, cfg.ppo_epoch, cfg.num_mini_batch)
-    assert not np.array_equal(other, host_minibatch_order(rng_after(7, 3), N, cfg.ppo_epoch, cfg.num_mini_batch))
+    other = host_minibatch_order(np.asarray(drawn.rng)[::-1].copy(), N, cfg.ppo_epoch, cfg.num_mini_batch)
+    assert not np.array_equal(other, host_minibatch_order(np.asarray(given.rng), N, cfg.ppo_epoch, cfg.num_mini_batch))
     moved, _ = update(given, {**make_batch(3), ORDER: other})
     kept, _ = update(given, make_batch(3))
     assert any(
@@ -352,9 +352,16 @@ def test_every_algorithm_record_names_a_registered_estimator_and_loss_use():
 
     for name, record in algorithms.ALGORITHMS.items():
         assert record.advantages in registry.ADVANTAGE_ESTIMATORS, name
-        assert (record.advantages in rollout.FROM_VALUES) == record.critic, name
-        assert record.advantages in rollout.FROM_SCORES or record.critic, name
+        assert (record.advantages in advantages_lib.FROM_VALUES) == record.critic, name
+        assert record.advantages in advantages_lib.FROM_SCORES or record.critic, name
         assert record.policy_loss in registry.POLICY_LOSSES and record.policy_loss in update_lib.POLICY_LOSS_USES
         assert record.openr_whitening in update_lib.WHITENING, name
         assert not record.actions or record.critic, name  # the actions are the critic's (APPO, TPPO)
     assert update_lib.policy_loss_use("a loss of the user's") == update_lib.PolicyLossUse()
+
+
+def test_an_order_of_the_wrong_shape_is_refused():
+    from mathrl_jax.train.minibatches import ORDER
+
+    with pytest.raises(ValueError, match="minibatch order has shape"):
+        run_update(UpdateConfig(num_mini_batch=2), {**make_batch(), ORDER: np.zeros((1, N), np.int32)})
