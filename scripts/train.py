@@ -178,7 +178,7 @@ def main(argv=None) -> int:
                 f"{metrics['eval/pass@1']:.3f}, pass@{k} {metrics[f'eval/pass@{k}']:.3f}"
             )
     if config.shuffle_rewards:
-        print("(control run: the verifier's rewards were shuffled within each batch)")
+        print("(control run: each response's rewards were given to another response of its batch)")
     return 0
 
 

@@ -112,7 +112,8 @@ def get_config() -> ml_collections.ConfigDict:
         }
     )
 
-    # The control: the verifier's rewards shuffled within each batch (same distribution, no information).
+    # The control: each response's rewards (the verifier's, a PRM's step scores) given to another response of the
+    # batch (same distribution, no information).
     config.shuffle_rewards = False
 
     # --- update ------------------------------------------------------------------------

@@ -379,8 +379,18 @@ def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarra
     return np.asarray(scores)[order]
 
 
-def control_rewards(scores: np.ndarray, correct: Optional[np.ndarray], seed: int, iteration: int):
-    """The control run's (scores, verdicts): both in the same random order (`shuffled_rewards`), so DAPO's
-    successes tell no more than the scores do."""
-    shuffled = None if correct is None else shuffled_rewards(correct, seed, iteration)
-    return shuffled_rewards(scores, seed, iteration), shuffled
+def control_rewards(
+    scores: np.ndarray,
+    correct: Optional[np.ndarray],
+    seed: int,
+    iteration: int,
+    step_rewards: Optional[np.ndarray] = None,
+):
+    """The control run's (scores, verdicts, step rewards): each response's, given to another response of the
+    batch, all by one random permutation (`shuffled_rewards`): DAPO's successes and a process reward model's step
+    scores (`[N, A]` rows) tell no more than the scores do. A row's step scores past its own steps are ignored."""
+
+    def shuffled(values):
+        return None if values is None else shuffled_rewards(values, seed, iteration)
+
+    return shuffled_rewards(scores, seed, iteration), shuffled(correct), shuffled(step_rewards)

@@ -16,6 +16,7 @@ from mathrl_jax.data import sources
 from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.models.hub import HubModelError, resolve_dataset_path, resolve_model_dir
+from mathrl_jax.rewards.arithmetic_steps import NAME as ARITHMETIC_STEPS
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.rewards.serial_grader import SerialGrader
@@ -88,9 +89,12 @@ def load_prm(config):
     """The process reward model of `prm_model_name_or_path`, loaded before the run directory is written, so a
     PRM that cannot serve (architecture, tokenizer, a step tag or label that is not one token) stops the run
     with the option to change and leaves the run directory as it was."""
+    from mathrl_jax.rewards import arithmetic_steps
     from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
 
     path = config.prm_model_name_or_path
+    if path == arithmetic_steps.NAME:  # the offline task's rule-based process verifier
+        return arithmetic_steps.ArithmeticStepVerifier()
     prm_config = PRMConfig(
         step_tag=config.prm.step_tag,
         candidate_tokens=tuple(config.prm.candidate_tokens),
@@ -140,6 +144,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         eval_dataset_path=resolve_dataset_path,
     )
     for key, resolve in resolvers.items():  # a Hub id: its snapshot in the local cache
+        if key == "prm_model_name_or_path" and config[key] == ARITHMETIC_STEPS:
+            continue  # the built-in process verifier, no checkpoint
         try:
             config[key] = resolve(config[key], key)
         except HubModelError as error:
@@ -148,7 +154,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     train_problems, eval_problems = load_data(config)
     check_warmstart_data(config)
     model_config = _check_model_path(config)
-    if config.prm_model_name_or_path and not os.path.isdir(config.prm_model_name_or_path):
+    if config.prm_model_name_or_path not in ("", ARITHMETIC_STEPS) and not os.path.isdir(config.prm_model_name_or_path):
         fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
     if config.sampler == "vllm":
         import importlib.util

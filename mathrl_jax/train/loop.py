@@ -115,9 +115,9 @@ def train_iteration(
         )
     if settings.step_rewards_only:
         scores = np.zeros_like(scores)  # step rewards only
-    correct = got.correct
+    correct, step_rewards = got.correct, got.action_rewards
     if settings.shuffle_rewards:
-        scores, correct = control_rewards(scores, correct, settings.seed, iteration)
+        scores, correct, step_rewards = control_rewards(scores, correct, settings.seed, iteration, step_rewards)
     with out_of_memory_hint(settings, len(rollouts)):
         passes_start = time.perf_counter()
         batch, batch_metrics = prepare_batch(
@@ -126,7 +126,7 @@ def train_iteration(
             rollouts,
             scores,
             rng=rng,
-            action_rewards=got.action_rewards,
+            action_rewards=step_rewards,
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
             correct=correct,
@@ -145,7 +145,7 @@ def train_iteration(
     if got.row_mask is not None and (got.row_mask > 0).any():  # padded rows (multi-turn) are not responses
         real = got.row_mask > 0
     # What a response earned: the verifier's score plus, with a PRM, its step scores (the undiscounted return).
-    earned = scores if got.action_rewards is None else scores + got.action_rewards.sum(axis=1)
+    earned = scores if step_rewards is None else scores + step_rewards.sum(axis=1)
     metrics = {
         "rollout/rewards": float(np.mean(earned[real])),
         "rollout/response_length": float(lengths[real].mean()),
@@ -161,11 +161,7 @@ def train_iteration(
         "async/staleness": float(staleness),
         "async/policy_version": float(rollouts.policy_version),
         "train/update_step": float(updates + 1),
-        **(
-            {"rollout/prm_reward": float(got.action_rewards.sum(axis=1).mean())}
-            if got.action_rewards is not None
-            else {}
-        ),
+        **({"rollout/prm_reward": float(step_rewards.sum(axis=1).mean())} if step_rewards is not None else {}),
         **batch_metrics,
         **{k: v for k, v in reward_metrics.items() if k.startswith(("rollout/", "perf/"))},
         # The grader's verdicts, where one graded (not for reward functions alone, nor a custom reward_fn's

@@ -226,12 +226,22 @@ def validate_settings(config) -> None:
         )
     if "functions" in c.reward_source and c.env_name:
         fail(f"reward.functions score single-turn completions; env_name={c.env_name!r} is multi-turn")
+    if "prm" in c.reward_source and c.prm_model_name_or_path == "arithmetic_steps":
+        levels = (
+            tuple(c.arithmetic.levels) if isinstance(c.arithmetic.levels, (tuple, list)) else (c.arithmetic.levels,)
+        )
+        if c.dataset_name != "arithmetic" or levels != (2,) or c.step_separator != ",":
+            fail(
+                "prm_model_name_or_path='arithmetic_steps' (the offline task's process verifier) scores the column "
+                "steps of two-digit arithmetic: it needs dataset_name='arithmetic', arithmetic.levels=2 and "
+                f"step_separator=',' (got {c.dataset_name!r}, {levels}, {c.step_separator!r})"
+            )
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
         fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
-    if c.shuffle_rewards and (c.env_name or "prm" in c.reward_source):
+    if c.shuffle_rewards and c.env_name:
         fail(
-            "shuffle_rewards (the control run) shuffles the verifier's per-response rewards: it needs "
-            f"reward_source='verifier' and no env_name, got {c.reward_source!r} and {c.env_name!r}"
+            "shuffle_rewards (the control run) shuffles each response's rewards (the verifier's, a PRM's step "
+            f"scores) within the batch: a single-turn run, got env_name={c.env_name!r}"
         )
     if c.old_logprobs not in ("auto", "sampler", "trainer"):
         fail(f"unknown old_logprobs {c.old_logprobs!r}; expected 'auto', 'sampler' or 'trainer'")

@@ -21,7 +21,7 @@ from mathrl_jax.data.arithmetic import arithmetic_train_eval
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler, SamplingParams
-from mathrl_jax.train import sft
+from mathrl_jax.train import sections, sft
 from mathrl_jax.train.passes import policy_logprobs
 from mathrl_jax.train.problems import encode_prompts, prompt_settings
 from mathrl_jax.train.warmstart import warmstart_examples
@@ -45,7 +45,7 @@ def tiny(tmp_path_factory):
     train, held_out = arithmetic_train_eval(2000, 64, seed=0, levels=(2,), question_format="{expr}=")
     model = hf.load_model(directory)
     graphdef, random_state = nnx.split(model)
-    examples = warmstart_examples(config, codec, train)
+    examples = warmstart_examples(sections.warmstart_settings(config), codec, train)
     state = sft.supervised_warmstart(
         model,
         examples,

@@ -136,12 +136,14 @@ def test_dapo_counts_the_verifiers_verdicts_not_the_scores():
     np.testing.assert_array_equal(by_score, [0, 0, 1, 1])  # group 0 looks all right by its scores
 
 
-def test_the_controls_verdicts_move_with_its_scores():
+def test_the_controls_verdicts_and_step_rewards_move_with_its_scores():
     """`shuffle_rewards` (the control) carries no information about which response earned what: DAPO's verdicts
-    are shuffled with the scores, by the same permutation (each score keeps its verdict). Before, the verdicts
-    reached DAPO's filter unshuffled."""
+    and a PRM's step scores are shuffled with the scores, by the same permutation (each score keeps its verdict
+    and its steps). Before, the verdicts reached DAPO's filter unshuffled, and a PRM run had no control."""
     scores = np.arange(16, dtype=np.float32)
-    shuffled, moved = batch.control_rewards(scores, scores % 3 == 0, 0, 5)
+    steps = np.stack([scores, -scores], axis=1)
+    shuffled, moved, moved_steps = batch.control_rewards(scores, scores % 3 == 0, 0, 5, steps)
     assert not np.array_equal(shuffled, scores)
     np.testing.assert_array_equal(moved, shuffled % 3 == 0)
-    assert batch.control_rewards(scores, None, 0, 5)[1] is None
+    np.testing.assert_array_equal(moved_steps, np.stack([shuffled, -shuffled], axis=1))
+    assert batch.control_rewards(scores, None, 0, 5)[1:] == (None, None)

@@ -142,3 +142,19 @@ def test_names_are_taken_in_any_case():
     config.algorithm_name = "Dr_GRPO"  # TRL's spelling of Dr. GRPO
     validation.validate_settings(config)
     assert config.algorithm_name == "drgrpo"
+
+
+def test_the_arithmetic_process_verifier_needs_its_task_and_step_split():
+    """`prm_model_name_or_path='arithmetic_steps'` (no checkpoint: the built-in verifier) scores two-digit
+    column steps split at ','; any other task or split is refused naming them."""
+    config = default.get_config()
+    config.algorithm_name, config.reward_source = "appo", "prm"
+    config.prm_model_name_or_path = "arithmetic_steps"
+    with pytest.raises(validation.TrainingError, match="step_separator=','"):
+        validation.validate_settings(config)
+    config.step_separator = ","
+    validation.validate_settings(config)
+    assert type(build.load_prm(config)).__name__ == "ArithmeticStepVerifier"
+    config.arithmetic.levels = (1, 2)
+    with pytest.raises(validation.TrainingError, match="levels"):
+        validation.validate_settings(config)
