@@ -1,7 +1,7 @@
 """Learning curves over seeds: the RL run and its control (shuffled rewards), as a PNG and a markdown table.
 
     python scripts/learning_curves.py [--seeds 0 1 2] [--out runs/curves] [--config PATH] [--no-control]
-                                      [--xla-flags "..."] [-- --config.key=value ...]
+                                      [--algorithms all | NAME ...] [--xla-flags "..."] [-- --config.key=value ...]
 
 For each seed k it runs `scripts/train.py` (the offline default, or `--config`) into `<out>/seed<k>`, then the
 control into `<out>/control<k>`: the same command with `--config.shuffle_rewards=True` (the verifier's rewards
@@ -17,6 +17,15 @@ compile again what its seed run compiled. A run already finished by the same com
 Writes `<out>/curves.png` (greedy held-out accuracy against the RL iteration: a solid line per seed, a dashed
 one per control) and `<out>/curves.md` (printed too): one row per seed, then the mean and min..max of the
 gains over the seeds.
+
+With `--algorithms NAME ...` (or `all`) it makes one table for several algorithms instead: each row is an
+algorithm at the settings of `ALGORITHM_ROWS` (the offline default plus its own flags; `async_ppo` twice, with
+staleness 1 and 2; `reinforce_rebn` on the offline game, `configs/guess_number_tiny.py`, its accuracy the greedy
+success rate of held-out games), run over the seeds with their controls into `<out>/<row>/seed<k>` and
+`<out>/<row>/control<k>`. Every arithmetic row of a seed starts from the same warm-start (trained by the first,
+copied by the others, as a control copies its seed's). It writes `<out>/algorithms.md` (one line per row: the RL
+gain and the control's, mean and min..max over the seeds, their difference, the wall time of an RL phase) and
+`<out>/algorithms.png` (one panel per row, seeds solid, controls dashed).
 
 Reading it: "RL gain" is the greedy held-out accuracy at the last RL iteration minus that at iteration 0 (the
 warm-started policy). The control gets the same updates with rewards that carry no information, so its gain is
@@ -36,7 +45,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Optional, Tuple
 
 from mathrl_jax import files
 from mathrl_jax.train.metrics import read_jsonl_metrics
@@ -48,6 +57,58 @@ OWN_KEYS = ("run_dir", "seed", "shuffle_rewards")
 # What the control copies from its seed's run directory: the same starting model, and no warm-start of its own.
 SHARED_MODELS = ("initial_model", "warmstart_model")
 STDERR_TAIL_LINES = 40
+GAME_CONFIG = os.path.join(ROOT, "mathrl_jax", "configs", "guess_number_tiny.py")
+PROCESS_REWARDS = (
+    "--config.prm_model_name_or_path=arithmetic_steps",  # the offline task's process verifier, where OpenR's PRM sits
+    "--config.reward_source=prm+verifier",
+    "--config.step_separator=,",
+)
+
+
+class AlgorithmRow(NamedTuple):
+    """One row of the algorithms table: train.py with `config` (None: the offline default) and `flags`."""
+
+    name: str
+    flags: Tuple[str, ...]
+    config: Optional[str] = None
+
+    @property
+    def shares_warmstart(self) -> bool:
+        """The offline default's arithmetic warm-start (every such row of a seed starts from the same model)."""
+        return self.config is None
+
+
+ROWS = (
+    AlgorithmRow("grpo", ("--config.algorithm_name=grpo",)),
+    AlgorithmRow("drgrpo", ("--config.algorithm_name=drgrpo", "--config.loss_agg_mode=seq-mean-token-sum-norm")),
+    # DAPO's clip-higher, its group filter (the record's), and its soft overlong punishment over the last 4 of 40
+    # tokens (the teacher's solutions take up to 33 with EOS).
+    AlgorithmRow(
+        "dapo", ("--config.algorithm_name=dapo", "--config.clip_high=0.28", "--config.dapo.overlong_buffer_len=4")
+    ),
+    AlgorithmRow("rloo", ("--config.algorithm_name=rloo",)),
+    AlgorithmRow("reinforce_pp", ("--config.algorithm_name=reinforce_pp",)),
+    AlgorithmRow("ppo", ("--config.algorithm_name=ppo",)),
+    AlgorithmRow("appo", ("--config.algorithm_name=appo", *PROCESS_REWARDS)),
+    AlgorithmRow("tppo", ("--config.algorithm_name=tppo", *PROCESS_REWARDS)),
+    AlgorithmRow("async_ppo_staleness1", ("--config.algorithm_name=async_ppo", "--config.max_head_offpolicyness=1")),
+    AlgorithmRow("async_ppo_staleness2", ("--config.algorithm_name=async_ppo", "--config.max_head_offpolicyness=2")),
+    AlgorithmRow("reinforce_rebn", ("--config.algorithm_name=reinforce_rebn",), config=GAME_CONFIG),
+)
+ALGORITHM_ROWS = {
+    "grpo": ("grpo",),
+    "drgrpo": ("drgrpo",),
+    "dapo": ("dapo",),
+    "rloo": ("rloo",),
+    "reinforce_pp": ("reinforce_pp",),
+    "ppo": ("ppo",),
+    "appo": ("appo",),
+    "tppo": ("tppo",),
+    "async_ppo": ("async_ppo_staleness1", "async_ppo_staleness2"),
+    "reinforce_rebn": ("reinforce_rebn",),
+}
+"""An algorithm's rows (`--algorithms NAME`): each of `mathrl_jax.train.algorithms.NAMES` has at least one."""
+ROW_BY_NAME = {row.name: row for row in ROWS}
 
 
 def fail(message: str) -> None:
@@ -83,7 +144,8 @@ def read_run(run_dir: str) -> dict[str, Any]:
     Keys: `curve` [(iteration, greedy held-out accuracy)]; `rl_start`, `rl_end`, `rl_gain` (greedy, first and
     last evaluation); `sampled_start`, `sampled_end` (eval/pass@1: accuracy of one sample at the RL
     temperature); `pass_k` and `pass_at_k_start`, `pass_at_k_end` (k = the config's eval_n_samples);
-    `warmstart_before`, `warmstart_after`, `warmstart_seconds`; `num_eval_problems`, `temperature`,
+    `turns_start`, `turns_end` (a multi-turn run's turns per held-out game); `warmstart_before`,
+    `warmstart_after`, `warmstart_seconds`; `num_eval_problems`, `temperature`,
     `shuffle_rewards`, `final_iteration`, `finished` (the last iteration was evaluated). A value the run did not
     log is None.
     """
@@ -113,6 +175,8 @@ def read_run(run_dir: str) -> dict[str, Any]:
         "pass_k": k,
         "pass_at_k_start": first.get(f"eval/pass@{k}"),
         "pass_at_k_end": last.get(f"eval/pass@{k}"),
+        "turns_start": first.get("eval/episode_turns"),  # multi-turn runs: turns per held-out game
+        "turns_end": last.get("eval/episode_turns"),
         "warmstart_before": warm.get("warmstart/eval_accuracy_before"),
         "warmstart_after": warm.get("warmstart/eval_accuracy_after"),
         "warmstart_seconds": warm.get("warmstart/seconds"),
@@ -384,7 +448,22 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--progress-every-s", type=float, default=15.0, help="a run's progress line at most this often (seconds)"
     )
+    parser.add_argument(
+        "--algorithms",
+        nargs="+",
+        help="one table for these algorithms (or 'all'), each at its ALGORITHM_ROWS settings (see above)",
+    )
+    parser.add_argument(
+        "--margin", type=float, default=0.15, help="the RL-minus-control gain a row should clear (default: 0.15)"
+    )
     args = parser.parse_args(own)
+    if args.algorithms:
+        if args.config:
+            parser.error("--config and --algorithms: each algorithm row names its own config")
+        try:
+            expand_algorithms(args.algorithms)
+        except ValueError as error:
+            parser.error(str(error))
     if not args.progress_every_s > 0:
         parser.error(f"--progress-every-s {args.progress_every_s}: expected > 0")
     if len(set(args.seeds)) != len(args.seeds):
@@ -396,6 +475,197 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
+def seed_and_control(
+    prefix: str,
+    directory: str,
+    base: list[str],
+    seed: int,
+    *,
+    control: bool,
+    env: dict[str, str],
+    out: str,
+    ledger: dict,
+    progress_every_s: float,
+    start_from: Optional[str] = None,
+) -> dict[str, Any]:
+    """Runs seed `seed` into `<directory>/seed<k>` and, with `control`, its control into `<directory>/control<k>`
+    (starting from the seed's models). `start_from`: a run directory whose models the seed run starts from (a
+    warm-start another run already trained). Returns the table's row: {"seed", "run", "control"}."""
+    seed_dir = os.path.join(directory, f"seed{seed}")
+    command = [*base, f"--config.run_dir={seed_dir}", f"--config.seed={seed}"]
+    prepare = None if start_from is None else (lambda: copy_start_models(start_from, seed_dir))
+    seconds = run_train(
+        f"{prefix}seed{seed}", command, seed_dir, env, out, ledger, prepare=prepare, progress_every_s=progress_every_s
+    )
+    row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
+    if control:
+        control_dir = os.path.join(directory, f"control{seed}")
+        command = [*base, f"--config.run_dir={control_dir}", f"--config.seed={seed}", "--config.shuffle_rewards=True"]
+        seconds = run_train(
+            f"{prefix}control{seed}",
+            command,
+            control_dir,
+            env,
+            out,
+            ledger,
+            prepare=lambda: copy_start_models(seed_dir, control_dir),
+            progress_every_s=progress_every_s,
+        )
+        row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
+    return row
+
+
+def rl_seconds(summary: Optional[dict[str, Any]]) -> Optional[float]:
+    """A run's wall time without the warm-start it trained (None when not measured)."""
+    if not summary or summary.get("wall_seconds") is None:
+        return None
+    return summary["wall_seconds"] - (summary.get("warmstart_seconds") or 0.0)
+
+
+def algorithms_table(results: Sequence[tuple[AlgorithmRow, Sequence[dict[str, Any]]]], margin: float) -> str:
+    """One line per algorithm row: its RL gains and its control's over the seeds (mean (min..max)), the mean of
+    their differences, whether that clears `margin`, the mean wall time of an RL phase; the game row also its
+    turns per held-out game."""
+    header = [
+        "algorithm",
+        "flags",
+        "seeds",
+        "RL start (greedy)",
+        "RL gain, mean (min..max)",
+        "control gain, mean (min..max)",
+        "RL - control",
+        f">= {margin:+.2f}",
+        "turns per game start -> end",
+        "RL wall time (s), run / control",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row, seeds in results:
+        gains = [r["run"]["rl_gain"] for r in seeds if r["run"]["rl_gain"] is not None]
+        controls = [r["control"]["rl_gain"] for r in seeds if r["control"] and r["control"]["rl_gain"] is not None]
+        gaps = [
+            r["run"]["rl_gain"] - r["control"]["rl_gain"]
+            for r in seeds
+            if r["control"] and r["control"]["rl_gain"] is not None and r["run"]["rl_gain"] is not None
+        ]
+        starts = [r["run"]["rl_start"] for r in seeds if r["run"]["rl_start"] is not None]
+        turns = [(r["run"]["turns_start"], r["run"]["turns_end"]) for r in seeds if r["run"]["turns_end"] is not None]
+        gap = _mean(gaps)
+        run_seconds = [x for x in (rl_seconds(r["run"]) for r in seeds) if x is not None]
+        control_seconds = [x for x in (rl_seconds(r["control"]) for r in seeds) if x is not None]
+        cells = [
+            row.name,
+            " ".join(flag.removeprefix("--config.") for flag in row.flags)
+            + (f" ({os.path.relpath(row.config, ROOT)})" if row.config else ""),
+            ", ".join(str(r["seed"]) for r in seeds),
+            _acc(_mean(starts)),
+            _spread(gains),
+            _spread(controls),
+            _gain(gap),
+            "-" if gap is None else ("yes" if gap >= margin else "no"),
+            "-" if not turns else f"{_mean([a for a, _ in turns]):.2f} -> {_mean([b for _, b in turns]):.2f}",
+            f"{_seconds(_mean(run_seconds))} / {_seconds(_mean(control_seconds))}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_algorithms(results: Sequence[tuple[AlgorithmRow, Sequence[dict[str, Any]]]], path: str) -> str:
+    """One panel per algorithm row: greedy held-out accuracy (the game: success rate) against the RL iteration,
+    a solid blue line per seed, a dashed orange one per control. Saves a PNG at `path` and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    columns = min(3, len(results))
+    panels = math.ceil(len(results) / columns)
+    fig, axes = plt.subplots(panels, columns, figsize=(4.2 * columns, 3.0 * panels), squeeze=False, sharey=True)
+    for ax, (row, seeds) in zip(axes.flat, results):
+        shades = [0.5 + 0.45 * i / max(1, len(seeds) - 1) for i in range(len(seeds))]
+        for seed_row, shade in zip(seeds, shades):
+            for key, cmap, style in (("run", "Blues", "-"), ("control", "Oranges", "--")):
+                summary = seed_row.get(key)
+                if summary and summary["curve"]:
+                    steps, accuracies = zip(*summary["curve"])
+                    ax.plot(steps, accuracies, linestyle=style, color=plt.get_cmap(cmap)(shade), linewidth=1.3)
+        ax.set_title(row.name + (" (game: success rate)" if row.config else ""), fontsize=10)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(results) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("greedy held-out accuracy")
+    for ax in axes[-1, :]:
+        ax.set_xlabel("RL iteration")
+    handles = [
+        matplotlib.lines.Line2D([], [], color=plt.get_cmap("Blues")(0.8), label="seeds"),
+        matplotlib.lines.Line2D([], [], color=plt.get_cmap("Oranges")(0.8), linestyle="--", label="controls"),
+    ]
+    fig.legend(handles=handles, loc="upper right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    fig.savefig(path, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
+def expand_algorithms(names: Sequence[str]) -> list[AlgorithmRow]:
+    """The rows of `names` (algorithm names, row names, or "all"), in the table's order, each once."""
+    wanted = set()
+    for name in names:
+        if name == "all":
+            wanted.update(ROW_BY_NAME)
+        elif name in ALGORITHM_ROWS:
+            wanted.update(ALGORITHM_ROWS[name])
+        elif name in ROW_BY_NAME:
+            wanted.add(name)
+        else:
+            known = ", ".join(["all", *ALGORITHM_ROWS, *(r for r in ROW_BY_NAME if r not in ALGORITHM_ROWS)])
+            raise ValueError(f"--algorithms {name}: unknown; expected some of {known}")
+    return [row for row in ROWS if row.name in wanted]
+
+
+def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, ledger: dict) -> int:
+    rows = expand_algorithms(args.algorithms)
+    results = []
+    warmstarts: dict[int, str] = {}  # seed -> the run directory that trained the arithmetic warm-start
+    for row in rows:
+        base = [TRAIN_SCRIPT]
+        if row.config:
+            base.append(f"--config={row.config}")
+        base += ["--config.progress=False", *row.flags, *overrides]
+        seeds = []
+        for seed in args.seeds:
+            start_from = warmstarts.get(seed) if row.shares_warmstart else None
+            seeds.append(
+                seed_and_control(
+                    f"{row.name}/",
+                    os.path.join(out, row.name),
+                    base,
+                    seed,
+                    control=not args.no_control,
+                    env=env,
+                    out=out,
+                    ledger=ledger,
+                    progress_every_s=args.progress_every_s,
+                    start_from=start_from,
+                )
+            )
+            if row.shares_warmstart:
+                warmstarts.setdefault(seed, os.path.join(out, row.name, f"seed{seed}"))
+        results.append((row, seeds))
+    png = plot_algorithms(results, os.path.join(out, "algorithms.png"))
+    table = algorithms_table(results, args.margin)
+    text = (
+        f"{table}\nGains are greedy held-out accuracy (the game: greedy success rate) at the last RL iteration minus "
+        "that at iteration 0; the control is the same run with uninformative rewards (shuffled within the batch).\n"
+    )
+    with open(os.path.join(out, "algorithms.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"\n{text}\nwrote {png} and {os.path.join(out, 'algorithms.md')}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(args.out)
@@ -404,33 +674,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.xla_flags is not None:
         env["XLA_FLAGS"] = args.xla_flags
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(out, "jax_cache"))
+    ledger = load_ledger(os.path.join(out, "runs.json"))
+    if args.algorithms:
+        return run_algorithms(args, overrides, env, out, ledger)
     base = [TRAIN_SCRIPT]
     if args.config:
         base.append(f"--config={os.path.abspath(args.config)}")
     base += ["--config.progress=False", *overrides]
-    ledger = load_ledger(os.path.join(out, "runs.json"))
-    rows = []
-    for seed in args.seeds:
-        seed_dir = os.path.join(out, f"seed{seed}")
-        command = [*base, f"--config.run_dir={seed_dir}", f"--config.seed={seed}"]
-        seconds = run_train(f"seed{seed}", command, seed_dir, env, out, ledger, progress_every_s=args.progress_every_s)
-        row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
-        if not args.no_control:
-            control_dir = os.path.join(out, f"control{seed}")
-            command = [*base, f"--config.run_dir={control_dir}", f"--config.seed={seed}"]
-            command.append("--config.shuffle_rewards=True")
-            seconds = run_train(
-                f"control{seed}",
-                command,
-                control_dir,
-                env,
-                out,
-                ledger,
-                prepare=lambda: copy_start_models(seed_dir, control_dir),
-                progress_every_s=args.progress_every_s,
-            )
-            row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
-        rows.append(row)
+    rows = [
+        seed_and_control(
+            "",
+            out,
+            base,
+            seed,
+            control=not args.no_control,
+            env=env,
+            out=out,
+            ledger=ledger,
+            progress_every_s=args.progress_every_s,
+        )
+        for seed in args.seeds
+    ]
     png = plot_curves(rows, os.path.join(out, "curves.png"))
     table = markdown_table(rows)
     problems = rows[0]["run"]["num_eval_problems"]

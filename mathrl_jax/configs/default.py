@@ -96,6 +96,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.reward_source = "verifier"
     config.prm = ml_collections.ConfigDict({"step_tag": "ки", "candidate_tokens": ("+", "-")})
     config.env_name = ""  # "" = single-turn problems; guess_number = GEM's multi-turn game (reinforce_rebn)
+    # guess_number's own options (GEM's defaults): the range and the turn budget (GEM's GuessTheNumber-v0).
+    config.guess_number = ml_collections.ConfigDict({"min_number": 1, "max_number": 20, "max_turns": 20})
     # reward.functions: your own reward functions (reward_source "functions" or "verifier+functions"),
     # comma-separated "module:function" or "path/to/file.py:function", called as TRL calls its reward_funcs
     # (rewards/functions.py); reward.weights: one per function, comma-separated ("" = 1 each).
@@ -178,6 +180,8 @@ def get_config() -> ml_collections.ConfigDict:
     # --- supervised warm-start (before RL, same command) ----------------------------------
     # targets: "teacher" = worked column-by-column solutions from a teacher that drops the carry / borrow with
     # probability slip_rate (data/teacher.py; arithmetic level 2 only); "answer" = the bare "\\boxed{answer}".
+    # With env_name (guess_number): the turns of a teacher's games, binary search whose guess slips to the
+    # smallest candidate with probability slip_rate (envs/guess_number_teacher.py).
     config.warmstart = ml_collections.ConfigDict(
         {"steps": 1200, "batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "targets": "teacher", "slip_rate": 0.7}
     )

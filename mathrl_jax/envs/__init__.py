@@ -26,6 +26,9 @@ from mathrl_jax.envs.sandbox import (
 )
 from mathrl_jax.envs.stepwise_math import StepwiseMathEnv
 
+MULTI_TURN_ENVS = {"guess_number": GuessTheNumberEnv}
+"""The games a run plays by `env_name` (`train.multiturn`); their options are `config.<env_name>`."""
+
 __all__ = [
     "STATUSES",
     "TERMINAL_STATE",
@@ -33,6 +36,7 @@ __all__ = [
     "Episode",
     "GuessTheNumberEnv",
     "Isolation",
+    "MULTI_TURN_ENVS",
     "MathEnv",
     "Policy",
     "PythonToolEnv",

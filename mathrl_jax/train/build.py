@@ -23,20 +23,21 @@ from mathrl_jax.rewards.serial_grader import SerialGrader
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING, VllmSampler
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import passes, sections
+from mathrl_jax.train import multiturn, passes, sections
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.async_loop import pending_from_checkpoint
 from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.collect import RolloutMaker
+from mathrl_jax.train.evaluation import held_out_accuracy
 from mathrl_jax.train.metrics import MetricsLogger, report_sinks
 from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data, prompt_settings
 from mathrl_jax.train.resume import check_resumed_config
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
 from mathrl_jax.train.validation import TrainingError, fail, validate_config
-from mathrl_jax.train.warmstart import warm_start
+from mathrl_jax.train.warmstart import warm_start, warmstart_examples
 
 
 def _model_dir(config, run_dir: str) -> str:
@@ -209,17 +210,13 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         compact_interval=config.jax_sampler.compact_interval or None,
     )
     evaluation = sections.eval_settings(config)
+    game = sections.game_settings(config)
     start_dir, warm_metrics = warm_start(
         sections.warmstart_settings(config),
-        evaluation,
         run_dir,
         model_dir,
-        codec,
-        train_problems,
         sampler_args,
-        grader,
-        eval_prompts,
-        eval_golds,
+        *_warmstart_task(config, game, codec, train_problems, evaluation, grader, eval_prompts, eval_golds),
     )
 
     mesh = sharding.make_mesh(config.mesh.to_dict())
@@ -309,11 +306,39 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         start_iteration=start_iteration,
         warmstart_metrics=warm_metrics,
         source_kind=source_kind,
-        env_name=config.env_name,
-        gamma=config.gamma,
+        game=game,
         model_dir=start_dir,
         pending_rollouts=pending,
     )
+
+
+def _warmstart_task(config, game, codec, train_problems, evaluation, grader, eval_prompts, eval_golds):
+    """What the warm-start imitates and how it is scored: (examples(), accuracy(sampler)). The arithmetic
+    teacher's solutions (or the gold answers) and the greedy held-out accuracy; for a multi-turn run, the game
+    teacher's turns and the greedy success rate on the held-out games."""
+    w = config.warmstart
+    if game is None:
+        settings = sections.warmstart_settings(config)
+        return (
+            lambda: warmstart_examples(settings, codec, train_problems),
+            lambda sampler: held_out_accuracy(evaluation, sampler, codec, grader, eval_prompts, eval_golds)[
+                "eval/accuracy"
+            ],
+        )
+    rollout_settings = sections.rollout_settings(config)
+    prompts = rollout_settings.prompts
+    return (
+        lambda: multiturn.warmstart_examples(
+            game, codec, prompts, games=WARMSTART_GAMES, slip_rate=w.slip_rate, seed=config.seed
+        ),
+        lambda sampler: multiturn.evaluate_games(
+            RolloutMaker(rollout_settings, sampler, codec, None, None), game, config.max_new_tokens
+        )["eval/accuracy"],
+    )
+
+
+WARMSTART_GAMES = 2000
+"""Teacher games a multi-turn warm-start imitates (about 4 turns each)."""
 
 
 def _write_config(config, run_dir: str) -> None:

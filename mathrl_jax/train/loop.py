@@ -31,7 +31,7 @@ from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, pr
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import Collected, SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
-from mathrl_jax.train.multiturn import EnvRollouts
+from mathrl_jax.train.multiturn import EnvRollouts, evaluate_games
 from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.run import RewardFn, Run, RunSettings
 from mathrl_jax.train.run_lock import release_run_dir
@@ -77,7 +77,7 @@ def _async_rollouts(run: Run) -> AsyncRollouts:
 
 
 def _env_rollouts(run: Run) -> EnvRollouts:
-    return EnvRollouts(run.rollouts, run.env_name, run.gamma)
+    return EnvRollouts(run.rollouts, run.game)
 
 
 ROLLOUT_SOURCES = {"sync": _sync_rollouts, "async": _async_rollouts, "env": _env_rollouts}
@@ -187,8 +187,11 @@ def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[Lis
 
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
     """Greedy held-out accuracy; with `sampled`, also pass@k from `eval_n_samples` samples at the RL
-    temperature (pass@1 is the sampled accuracy). Writes `run_dir/samples/` (`write_samples`)."""
+    temperature (pass@1 is the sampled accuracy). Writes `run_dir/samples/` (`write_samples`). A multi-turn run
+    plays its held-out games greedily instead (`multiturn.evaluate_games`: the success rate as `eval/accuracy`)."""
     r = run.rollouts
+    if run.game is not None:
+        return evaluate_games(r, run.game, run.evaluation.max_new_tokens)
     n_samples = run.evaluation.n_samples if sampled else 0
     metrics = held_out_accuracy(
         run.evaluation, r.sampler, r.codec, r.grader, run.eval_prompts, run.eval_golds, n_samples

@@ -85,7 +85,11 @@ METRIC_NAMES: dict[str, str] = {
     "train/value_mean": "mean critic value over the entries it is trained on",
     "train/value_explained_variance": "1 - Var(returns - values) / Var(returns) of the critic",
     # eval: held-out problems, every eval_interval iterations and at the end
-    "eval/accuracy": "fraction of evaluation problems answered correctly by greedy decoding",
+    "eval/accuracy": (
+        "fraction of evaluation problems answered correctly by greedy decoding (multi-turn: of held-out games won)"
+    ),
+    "eval/episode_return": "mean undiscounted return of a greedy held-out game (multi-turn env_name)",
+    "eval/episode_turns": "mean turns per greedy held-out game (multi-turn env_name)",
     "eval/response_length": "mean greedy evaluation response length, in tokens",
     "eval/pass@{k}": (
         "unbiased pass@k (Chen et al. 2021) from eval_n_samples samples at the RL temperature, for k in 1, 4, 8 "

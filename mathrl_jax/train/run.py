@@ -11,6 +11,7 @@ from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.collect import RolloutMaker
 from mathrl_jax.train.evaluation import EvalSettings
 from mathrl_jax.train.metrics import MetricsLogger
+from mathrl_jax.train.multiturn import GameSettings
 
 RewardFn = Callable[[List[str], List[str]], Any]
 
@@ -72,8 +73,7 @@ class Run:
     start_iteration: int
     warmstart_metrics: Dict[str, float]
     source_kind: str = "sync"  # which `loop.ROLLOUT_SOURCES` makes the batches
-    env_name: str = ""  # multi-turn: the environment
-    gamma: float = 1.0  # multi-turn: ReBN's discount
+    game: Optional[GameSettings] = None  # multi-turn: the environment, ReBN's discount, the held-out games
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
     pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch

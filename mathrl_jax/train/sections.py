@@ -1,5 +1,6 @@
 """The config turned into the run's settings, once, by the build: one frozen section per component, each checking
-itself where it is defined (`RolloutSettings`, `BatchSettings`, `UpdateConfig`, `EvalSettings`, `RunSettings`).
+itself where it is defined (`RolloutSettings`, `BatchSettings`, `UpdateConfig`, `EvalSettings`, `RunSettings`,
+`GameSettings`).
 
 Below the build nothing reads the config: each component gets its section. The algorithm's record
 (`algorithms.ALGORITHMS`) decides here what its name means (the estimator, the policy loss, the batch's extras);
@@ -9,7 +10,7 @@ no module below compares an algorithm's or a loss's name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.train import algorithms
@@ -17,6 +18,7 @@ from mathrl_jax.train import update_config as update_lib
 from mathrl_jax.train.batch import BatchSettings, DapoSettings, old_logprobs_from_sampler
 from mathrl_jax.train.collect import RolloutSettings
 from mathrl_jax.train.evaluation import EvalSettings
+from mathrl_jax.train.multiturn import GameSettings
 from mathrl_jax.train.problems import prompt_settings
 from mathrl_jax.train.run import RunSettings
 from mathrl_jax.train.validation import num_iterations
@@ -158,6 +160,20 @@ def warmstart_settings(config) -> WarmStartSettings:
         param_dtype=config.param_dtype,
         dtype=config.dtype,
         progress=bool(config.progress),
+    )
+
+
+def game_settings(config) -> Optional[GameSettings]:
+    """The multi-turn section (None for single-turn runs): the env's own options are `config.<env_name>`."""
+    if not config.env_name:
+        return None
+    options = config.get(config.env_name)
+    return GameSettings(
+        env_name=config.env_name,
+        gamma=config.gamma,
+        env_kwargs=tuple(sorted(options.to_dict().items())) if options is not None else (),
+        shuffle_rewards=bool(config.shuffle_rewards),
+        eval_games=config.num_eval_problems,
     )
 
 

@@ -9,6 +9,7 @@ import jax
 
 from mathrl_jax import sharding
 from mathrl_jax.data import prompts, sources
+from mathrl_jax.envs import MULTI_TURN_ENVS
 from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import qwen
 from mathrl_jax.train import algorithms
@@ -207,6 +208,8 @@ def validate_settings(config) -> None:
         fail(f"lr={c.lr} and critic_lr={c.critic_lr} must be > 0")
     if not 0.0 < c.temperature or not 0.0 < c.top_p <= 1.0:
         fail(f"temperature={c.temperature} must be > 0 and top_p={c.top_p} in (0, 1] for RL sampling")
+    if c.env_name:
+        check_env(c)
     if c.env_name and c.group_size != 1:
         fail(f"env_name={c.env_name!r}: one episode per environment, so group_size must be 1 (got {c.group_size})")
     algorithm = algorithms.ALGORITHMS[c.algorithm_name]
@@ -238,10 +241,10 @@ def validate_settings(config) -> None:
             )
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
         fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")
-    if c.shuffle_rewards and c.env_name:
+    if c.env_name and c.warmstart.steps > 0 and c.warmstart.targets != "teacher":
         fail(
-            "shuffle_rewards (the control run) shuffles each response's rewards (the verifier's, a PRM's step "
-            f"scores) within the batch: a single-turn run, got env_name={c.env_name!r}"
+            f"warmstart.targets={c.warmstart.targets!r} with env_name={c.env_name!r}: a multi-turn warm-start "
+            "imitates the game's teacher (warmstart.targets='teacher'), or use --config.warmstart.steps=0"
         )
     if c.old_logprobs not in ("auto", "sampler", "trainer"):
         fail(f"unknown old_logprobs {c.old_logprobs!r}; expected 'auto', 'sampler' or 'trainer'")
@@ -330,3 +333,14 @@ def num_iterations(config) -> int:
         per_iteration = config.n_rollout_threads * config.group_size * config.episode_length
         return max(1, math.ceil(config.num_env_steps / per_iteration))
     return int(config.num_iterations)
+
+
+def check_env(c) -> None:
+    """A multi-turn run's environment exists and its options (`config.<env_name>`) make one."""
+    if c.env_name not in MULTI_TURN_ENVS:
+        fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn) or one of {', '.join(MULTI_TURN_ENVS)}")
+    options = c.get(c.env_name)
+    try:
+        MULTI_TURN_ENVS[c.env_name](**(options.to_dict() if options is not None else {}))
+    except (TypeError, ValueError) as error:
+        fail(f"{c.env_name}: {error} (--config.{c.env_name}.*)")

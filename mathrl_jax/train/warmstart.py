@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 from flax import nnx
 
@@ -17,7 +17,6 @@ from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import sft
-from mathrl_jax.train.evaluation import EvalSettings, held_out_accuracy
 from mathrl_jax.train.problems import PromptSettings, encode_prompts
 from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.validation import fail
@@ -97,17 +96,15 @@ def check_reused_warmstart(settings: WarmStartSettings, directory: str) -> None:
 
 def warm_start(
     settings: WarmStartSettings,
-    evaluation: EvalSettings,
     run_dir,
     model_dir,
-    codec,
-    train_problems,
     sampler_args,
-    grader,
-    eval_prompts,
-    eval_golds,
+    examples: Callable[[], List[sft.Example]],
+    accuracy: Callable[[JaxSampler], float],
 ):
-    """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it)."""
+    """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it): `examples()` (the
+    task's teacher: `warmstart_examples`, or a game's `multiturn.warmstart_examples`), with the held-out
+    `accuracy(sampler)` before and after (the greedy accuracy, or a game's success rate)."""
     directory = os.path.join(run_dir, "warmstart_model")
     if settings.steps <= 0:
         return model_dir, {}
@@ -115,30 +112,29 @@ def warm_start(
         check_reused_warmstart(settings, directory)
         return directory, unlogged_warmstart_metrics(run_dir, directory)
     model = hf.load_model(model_dir, param_dtype=settings.param_dtype, dtype=settings.dtype)
-    before = held_out_accuracy(evaluation, JaxSampler(model, **sampler_args), codec, grader, eval_prompts, eval_golds)
-    examples = warmstart_examples(settings, codec, train_problems)
+    before = accuracy(JaxSampler(model, **sampler_args))
     start = time.time()
     bar = Progress(settings.steps, keys=("loss",), disable=not settings.progress, desc="warm-start")
     with bar:
         new_state = sft.supervised_warmstart(
             model,
-            examples,
+            examples(),
             steps=settings.steps,
             batch_size=settings.batch_size,
             learning_rate=settings.lr,
             warmup_steps=settings.warmup_steps,
             seed=settings.seed,
-            pad_id=codec.pad_token_id,
+            pad_id=sampler_args["pad_token_id"],
             log_every=max(1, settings.steps // 100),
             log_fn=bar.update if settings.progress else None,
         )
     seconds = time.time() - start
     warm = nnx.merge(nnx.graphdef(model), new_state)
-    after = held_out_accuracy(evaluation, JaxSampler(warm, **sampler_args), codec, grader, eval_prompts, eval_golds)
+    after = accuracy(JaxSampler(warm, **sampler_args))
 
     metrics = {
-        "warmstart/eval_accuracy_before": before["eval/accuracy"],
-        "warmstart/eval_accuracy_after": after["eval/accuracy"],
+        "warmstart/eval_accuracy_before": before,
+        "warmstart/eval_accuracy_after": after,
         "warmstart/seconds": seconds,
         "warmstart/steps": float(settings.steps),
     }

@@ -209,3 +209,129 @@ def test_overrides_of_the_per_run_keys_are_refused():
     eigen = "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_use_xnnpack=false"
     args, overrides = module.parse_args(["--xla-flags", eigen, "--out", "x"])
     assert args.xla_flags == eigen and args.out == "x" and overrides == []
+
+
+def configured(row, flags=()):
+    """The config train.py would build for an algorithm row: its config file, then each --config.key=value flag
+    applied with the field's type (as ml_collections' command-line flags do)."""
+    import ml_collections
+
+    from mathrl_jax.configs import default
+
+    if row.config:
+        spec = importlib.util.spec_from_file_location("row_config", row.config)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config()
+    else:
+        config = default.get_config()
+    for flag in (*row.flags, *flags):
+        key, value = flag.removeprefix("--config.").split("=", 1)
+        *parents, name = key.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        current = node[name]
+        field_type = node.get_type(name) if isinstance(node, ml_collections.ConfigDict) else type(current)
+        if field_type is bool:
+            parsed = value == "True"
+        elif field_type in (int, float):
+            parsed = field_type(value)
+        else:
+            parsed = value
+        node[name] = parsed
+    return config
+
+
+def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
+    from mathrl_jax.train import algorithms
+    from mathrl_jax.train.validation import validate_config
+
+    module = load_script()
+    assert set(module.ALGORITHM_ROWS) == set(algorithms.NAMES)
+    assert [row.name for row in module.expand_algorithms(["all"])] == [row.name for row in module.ROWS]
+    assert sorted(r for rows in module.ALGORITHM_ROWS.values() for r in rows) == sorted(module.ROW_BY_NAME)
+    for row in module.ROWS:
+        config = configured(row, [f"--config.run_dir={tmp_path / row.name}"])
+        validate_config(config)  # raises (exit 2 in train.py) on a bad row
+        wanted = row.name.split("_staleness")[0]
+        assert config.algorithm_name == wanted, row
+    async_rows = module.expand_algorithms(["async_ppo"])
+    stalenesses = [configured(row).max_head_offpolicyness for row in async_rows]
+    assert stalenesses == [1, 2]
+    assert configured(module.ROW_BY_NAME["appo"]).prm_model_name_or_path == "arithmetic_steps"
+    assert configured(module.ROW_BY_NAME["reinforce_rebn"]).env_name == "guess_number"
+    assert [r.name for r in module.expand_algorithms(["ppo", "grpo", "ppo"])] == ["grpo", "ppo"]  # table order, once
+    with pytest.raises(ValueError, match="'?chess'?"):
+        module.expand_algorithms(["chess"])
+    with pytest.raises(SystemExit):
+        module.parse_args(["--algorithms", "chess"])
+    with pytest.raises(SystemExit):
+        module.parse_args(["--algorithms", "grpo", "--config", "x.py"])
+
+
+def test_the_algorithms_table_and_plot_on_hand_written_metrics(tmp_path):
+    module = load_script()
+    rows = {name: module.ROW_BY_NAME[name] for name in ("ppo", "reinforce_rebn")}
+    # row: seed: (run accuracies at 0, 2, 4; control's); the game logs turns per game too
+    curves = {
+        "ppo": {0: ([0.6, 0.8, 0.95], [0.6, 0.58, 0.62]), 1: ([0.5, 0.7, 0.75], [0.5, 0.55, 0.49])},
+        "reinforce_rebn": {0: ([0.3, 0.5, 0.9], [0.3, 0.3, 0.25]), 1: ([0.25, 0.35, 0.45], [0.25, 0.3, 0.3])},
+    }
+    results = []
+    for name, seeds in curves.items():
+        seed_rows = []
+        for seed, (run, control) in seeds.items():
+            summaries = {}
+            for kind, accuracies in (("seed", run), ("control", control)):
+                records = []
+                for step, accuracy in zip((0, 2, 4), accuracies):
+                    record = eval_record(step, accuracy)
+                    if name == "reinforce_rebn":
+                        record["eval/episode_turns"] = 4.5 - step / 4 - seed / 10
+                    records.append(record)
+                if kind == "seed":
+                    warm = {"warmstart/eval_accuracy_after": 0.3, "warmstart/seconds": 30.0}
+                    records.insert(0, {"step": 0, "time": 0.0, **warm})
+                run_dir = tmp_path / name / f"{kind}{seed}"
+                write_run(run_dir, records)
+                summaries[kind] = dict(module.read_run(str(run_dir)), wall_seconds=100.0 + 2 * seed)
+            seed_rows.append({"seed": seed, "run": summaries["seed"], "control": summaries["control"]})
+        results.append((rows[name], seed_rows))
+
+    markdown = module.algorithms_table(results, 0.15)
+    for name, seeds in curves.items():
+        gains = [run[2] - run[0] for run, _ in seeds.values()]
+        control_gains = [control[2] - control[0] for _, control in seeds.values()]
+        gaps = [g - c for g, c in zip(gains, control_gains)]
+        cells = table_row(markdown, name)
+        assert cells[2] == "0, 1"
+        assert cells[4] == f"{sum(gains) / 2:+.3f} ({min(gains):+.3f}..{max(gains):+.3f})"
+        assert cells[5] == f"{sum(control_gains) / 2:+.3f} ({min(control_gains):+.3f}..{max(control_gains):+.3f})"
+        assert cells[6] == f"{sum(gaps) / 2:+.3f}"
+        assert cells[7] == ("yes" if sum(gaps) / 2 >= 0.15 else "no")
+        assert cells[9] == "71 / 101"  # the RL phase: the seed runs' 100, 102 s less their 30 s warm-start
+    assert table_row(markdown, "ppo")[7] == "yes" and table_row(markdown, "ppo")[8] == "-"
+    assert table_row(markdown, "reinforce_rebn")[8] == "4.45 -> 3.45"  # turns per held-out game, mean of seeds
+    assert "configs/guess_number_tiny.py" in table_row(markdown, "reinforce_rebn")[1]
+    check_png(module.plot_algorithms(results, str(tmp_path / "algorithms.png")))
+
+
+@pytest.mark.slow
+def test_the_algorithms_share_each_seeds_warmstart_end_to_end(tmp_path):
+    out = tmp_path / "algorithms"
+    args = ["--algorithms", "grpo", "rloo", "--seeds", "0", "--no-control", "--out", str(out), "--"]
+    result = run_script(*args, *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_png(out / "algorithms.png")
+    markdown = (out / "algorithms.md").read_text()
+    grpo, rloo = out / "grpo" / "seed0", out / "rloo" / "seed0"
+    for name in ("initial_model", "warmstart_model"):
+        comparison = filecmp.dircmp(grpo / name, rloo / name)
+        assert comparison.left_list and not (comparison.diff_files or comparison.left_only or comparison.right_only)
+    assert "warmstart/seconds" in merged_steps(grpo)[0] and "warmstart/seconds" not in merged_steps(rloo)[0]
+    assert json.loads((rloo / "config.json").read_text())["algorithm_name"] == "rloo"
+    for name, run_dir in (("grpo", grpo), ("rloo", rloo)):
+        steps = merged_steps(run_dir)
+        gain = steps[2]["eval/accuracy"] - steps[0]["eval/accuracy"]
+        assert table_row(markdown, name)[4] == f"{gain:+.3f} ({gain:+.3f}..{gain:+.3f})"

@@ -111,3 +111,23 @@ def test_rl_beats_the_shuffled_reward_control(warm_dir, tmp_path):
     assert real[last].mean() > real[0] + 0.2, (real, control)
     assert real[last].mean() > control[last].mean() + 0.2, (real, control)
     assert control[last].mean() < control[:3].mean() + 0.1, control  # no information, no gain
+
+
+# One algorithm per family, the same warm checkpoint and margin: what a family's own machinery could break (a
+# critic fit on the wrong entries, GAE's credit on the wrong tokens; advantages or ratios from a stale policy
+# version) makes the run no better than its control. Slow: two runs each, over CI's budget beside the rest.
+FAMILIES = {
+    "critic": {"algorithm_name": "ppo", "group_size": 1, "n_rollout_threads": 128, "critic_lr": 1e-3},
+    "asynchronous": {"algorithm_name": "async_ppo", "max_head_offpolicyness": 2},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_beats_its_control(family, warm_dir, tmp_path):
+    real = training_accuracy(rl_config(warm_dir, tmp_path / "real", **FAMILIES[family]))
+    control = training_accuracy(rl_config(warm_dir, tmp_path / "control", shuffle_rewards=True, **FAMILIES[family]))
+    assert 0.03 < real[0] < 0.6, real
+    last = slice(-3, None)
+    assert real[last].mean() > real[0] + 0.2, (real, control)
+    assert real[last].mean() > control[last].mean() + 0.2, (real, control)

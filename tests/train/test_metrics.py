@@ -489,7 +489,7 @@ RUNS = {
         "warmstart.targets": "answer",
     },
     "async_ppo": {"algorithm_name": "async_ppo", "max_head_offpolicyness": 1},  # the decoupled loss's behaviour_*
-    # Multi-turn episodes (rollout/episode_*), ReBN advantages, padded rows; no evaluation (as the recipe).
+    # Multi-turn episodes (rollout/episode_*), ReBN advantages, padded rows, greedy held-out games.
     "reinforce_rebn_multiturn": {
         "algorithm_name": "reinforce_rebn",
         "env_name": "guess_number",
@@ -500,7 +500,8 @@ RUNS = {
         "episode_length": 2,
         "max_new_tokens": 8,
         "max_prompt_length": 600,
-        "eval_interval": 0,
+        "eval_interval": 1,  # held-out games (eval/episode_*)
+        "num_eval_problems": 2,
     },
 }
 DEFAULT_RUN = "grpo"  # the one the default test run trains; the others are slow

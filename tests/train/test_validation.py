@@ -18,8 +18,14 @@ from tests.train.loop_fixtures import model_dir, run_and_record, small_config  #
         ({"warmstart.steps": 5, "warmstart.slip_rate": 1.5}, "1.5"),
         ({"num_logged_samples": -1}, "num_logged_samples=-1"),
         (
-            {"shuffle_rewards": True, "env_name": "guess_number", "group_size": 1, "algorithm_name": "reinforce_rebn"},
-            "'guess_number'",
+            {
+                "warmstart.steps": 5,
+                "warmstart.targets": "answer",
+                "env_name": "guess_number",
+                "group_size": 1,
+                "algorithm_name": "reinforce_rebn",
+            },
+            "'answer' with env_name='guess_number'",
         ),
         ({"old_logprobs": "cached"}, "'cached'"),
         ({"old_logprobs": "sampler", "temperature": 0.7}, "temperature=0.7"),
