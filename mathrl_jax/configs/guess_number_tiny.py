@@ -22,7 +22,7 @@ def get_config():
     config.env_name = "guess_number"
     config.guess_number.max_turns = 5
     config.episode_length = 5
-    config.n_rollout_threads = 32
+    config.n_rollout_threads = 64  # games per iteration
     config.group_size = 1
     config.gamma = 0.9
     config.prompt_template = "plain"
@@ -30,7 +30,10 @@ def get_config():
     config.max_new_tokens = 24
     config.pack_length = 256
     config.num_iterations = 40
-    config.lr = 1e-4  # 3e-4 collapses (format errors end the games); 3e-5 moves too slowly in 40 iterations
+    # Measured on one warm-start (greedy success 0.28): lr 5e-5 with 64 games reaches 0.605 at iteration 40, its
+    # control 0.16; 1e-4 with 32 games 0.55, but its control collapses (format errors end the games); 3e-4 collapses
+    # itself; 3e-5 had not moved by iteration 10.
+    config.lr = 5e-5
     config.num_eval_problems = 200  # held-out games
     config.eval_n_samples = 0
     config.num_logged_samples = 0
