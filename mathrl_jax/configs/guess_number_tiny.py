@@ -4,7 +4,7 @@
 
 The multi-turn counterpart of the offline default. A warm-start imitates a teacher that plays binary search,
 writing the candidates left before each guess ("11-20 \\boxed{15}"), but guesses the smallest candidate instead
-of the midpoint 70% of the time (`envs/guess_number_teacher.py`): it wins about 46% of its games within the 5
+of the midpoint 70% of the time (`envs/guess_number_teacher.py`): it wins about 45% of its games within the 5
 turns, binary search all of them. RL (`reinforce_rebn`, GEM's gamma 0.9) has to find the midpoint. Held-out
 evaluation: greedy games on seeds the training never draws; `eval/accuracy` is the success rate,
 `eval/episode_turns` the turns per game. `--config.shuffle_rewards=True` is the control (each turn's reward

@@ -10,7 +10,7 @@ candidates left and a guess in them:
 so a policy needs only its last action and the hint after it to play the next turn (it can play with a short
 context window). With probability `slip_rate` a turn's guess is the smallest candidate instead of the midpoint
 (a linear search's step): still a legal, new guess, but within GEM's default turn budget of 5 turns for 1..20 the
-teacher then wins less often (slip_rate 0.7: about 46% of games; binary search: every game). RL has to find the
+teacher then wins less often (slip_rate 0.7: about 45% of games; binary search: every game). RL has to find the
 midpoint and keep it. Standard library only, no JAX (as the envs).
 """
 

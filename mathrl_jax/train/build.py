@@ -329,16 +329,12 @@ def _warmstart_task(config, game, codec, train_problems, evaluation, grader, eva
     prompts = rollout_settings.prompts
     return (
         lambda: multiturn.warmstart_examples(
-            game, codec, prompts, games=WARMSTART_GAMES, slip_rate=w.slip_rate, seed=config.seed
+            game, codec, prompts, games=multiturn.TEACHER_GAMES, slip_rate=w.slip_rate, seed=config.seed
         ),
         lambda sampler: multiturn.evaluate_games(
             RolloutMaker(rollout_settings, sampler, codec, None, None), game, config.max_new_tokens
         )["eval/accuracy"],
     )
-
-
-WARMSTART_GAMES = 2000
-"""Teacher games a multi-turn warm-start imitates (about 4 turns each)."""
 
 
 def _write_config(config, run_dir: str) -> None:

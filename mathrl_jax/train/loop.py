@@ -116,7 +116,7 @@ def train_iteration(
     if settings.step_rewards_only:
         scores = np.zeros_like(scores)  # step rewards only
     correct, step_rewards = got.correct, got.action_rewards
-    if settings.shuffle_rewards:
+    if settings.shuffle_rewards and got.row_advantages is None:  # a multi-turn source shuffled its turns' rewards
         scores, correct, step_rewards = control_rewards(scores, correct, settings.seed, iteration, step_rewards)
     with out_of_memory_hint(settings, len(rollouts)):
         passes_start = time.perf_counter()

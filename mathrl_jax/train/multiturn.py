@@ -32,10 +32,24 @@ ENVS = MULTI_TURN_ENVS
 TEACHERS = {"guess_number": guess_number_teacher.teacher_games}
 """The envs whose games a warm-start can imitate (`warmstart.targets="teacher"` with `env_name`)."""
 
-EVAL_SEED_OFFSET = 1 << 30
-"""Held-out games use seeds from here on; training draws `iteration_seed(...) + e` < 2**31 + threads, and the
-warm-start's games seeds from `WARMSTART_SEED_OFFSET`."""
-WARMSTART_SEED_OFFSET = 1 << 29
+TEACHER_GAMES = 2000
+"""Teacher games a multi-turn warm-start imitates (about 4 turns each)."""
+
+SEED_BLOCK = 1 << 29
+"""The games' seeds in three disjoint blocks: training [0, 2**29), the warm-start's teacher [2**29, 2**30), the
+held-out evaluation from 2**30 on."""
+WARMSTART_SEED_OFFSET = SEED_BLOCK
+EVAL_SEED_OFFSET = 2 * SEED_BLOCK
+
+
+def warmstart_seeds(seed: int, games: int) -> List[int]:
+    """The seeds of the warm-start teacher's games (in the warm-start block)."""
+    return [WARMSTART_SEED_OFFSET + (seed * games + g) % SEED_BLOCK for g in range(games)]
+
+
+def training_seeds(seed: int, iteration: int, games: int) -> List[int]:
+    """The seeds of an iteration's games (in the training block)."""
+    return [(iteration_seed(seed, iteration) + e) % SEED_BLOCK for e in range(games)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +160,9 @@ def warmstart_examples(game: GameSettings, codec, prompts, *, games: int, slip_r
     """(prompt ids, action ids + EOS) of every turn of `games` teacher games, prompted as the RL (`turn_prompt`)."""
     if game.env_name not in TEACHERS:
         raise ValueError(f"no teacher plays env_name={game.env_name!r}; expected one of {', '.join(TEACHERS)}")
-    seeds = [WARMSTART_SEED_OFFSET + seed * games + g for g in range(games)]
-    episodes = TEACHERS[game.env_name](seeds, slip_rate=slip_rate, rng_seed=seed, **dict(game.env_kwargs))
+    episodes = TEACHERS[game.env_name](
+        warmstart_seeds(seed, games), slip_rate=slip_rate, rng_seed=seed, **dict(game.env_kwargs)
+    )
     return [
         (turn_prompt(codec, seen, prompts), codec.encode(action) + [codec.eos_token_id])
         for episode in episodes
@@ -171,7 +186,7 @@ class EnvRollouts(SyncRollouts):
         def params_at(call: int) -> SamplingParams:
             return dataclasses.replace(s.sampling, n=1, seed=iteration_seed(s.seed, iteration * 1000 + call))
 
-        seeds = [iteration_seed(s.seed, iteration) + e for e in range(s.prompts_per_iteration)]
+        seeds = training_seeds(s.seed, iteration, s.prompts_per_iteration)
         episodes, turns, versions = play(maker, self.game, seeds, params_at)
         turn_rewards = np.zeros((len(episodes), s.episode_length), np.float32)
         turn_mask = np.zeros_like(turn_rewards)

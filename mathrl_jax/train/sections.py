@@ -18,7 +18,7 @@ from mathrl_jax.train import update_config as update_lib
 from mathrl_jax.train.batch import BatchSettings, DapoSettings, old_logprobs_from_sampler
 from mathrl_jax.train.collect import RolloutSettings
 from mathrl_jax.train.evaluation import EvalSettings
-from mathrl_jax.train.multiturn import GameSettings
+from mathrl_jax.train.multiturn import TEACHER_GAMES, GameSettings
 from mathrl_jax.train.problems import prompt_settings
 from mathrl_jax.train.run import RunSettings
 from mathrl_jax.train.validation import num_iterations
@@ -147,7 +147,18 @@ def rollout_settings(config) -> RolloutSettings:
 
 def warmstart_settings(config) -> WarmStartSettings:
     w = config.warmstart
+    game = game_settings(config)
+    task = ()
+    if game is not None:  # what the teacher's games and their prompts depend on
+        task = (
+            ("env_name", game.env_name),
+            ("env", dict(game.env_kwargs)),
+            ("games", TEACHER_GAMES),
+            ("prompt_template", config.prompt_template),
+            ("max_prompt_length", config.max_prompt_length),
+        )
     return WarmStartSettings(
+        task=task,
         steps=w.steps,
         prompts=prompt_settings(config),
         batch_size=w.batch_size,

@@ -339,6 +339,8 @@ def check_env(c) -> None:
     """A multi-turn run's environment exists and its options (`config.<env_name>`) make one."""
     if c.env_name not in MULTI_TURN_ENVS:
         fail(f"unknown env_name {c.env_name!r}; expected '' (single-turn) or one of {', '.join(MULTI_TURN_ENVS)}")
+    if c.eval_interval and c.num_eval_problems < 1:
+        fail(f"eval_interval={c.eval_interval} plays num_eval_problems held-out games: got {c.num_eval_problems}")
     options = c.get(c.env_name)
     try:
         MULTI_TURN_ENVS[c.env_name](**(options.to_dict() if options is not None else {}))

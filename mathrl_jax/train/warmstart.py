@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 from flax import nnx
 
@@ -41,6 +41,7 @@ class WarmStartSettings:
     param_dtype: str = "float32"
     dtype: str = "float32"
     progress: bool = True
+    task: Tuple[Tuple[str, Any], ...] = ()  # a multi-turn run's game (env, options, prompts, games): in the record
 
     def __post_init__(self):
         if self.targets not in ("teacher", "answer"):
@@ -54,7 +55,8 @@ class WarmStartSettings:
     def record(self) -> Dict[str, Any]:
         """What made a warm-started model, saved beside it (`WARMSTART_RECORD`) and checked when a run reuses it."""
         names = ("steps", "batch_size", "lr", "warmup_steps", "targets", "slip_rate")
-        return {"seed": int(self.seed), **{name: getattr(self, name) for name in names}}
+        record = {"seed": int(self.seed), **{name: getattr(self, name) for name in names}}
+        return {**record, "task": dict(self.task)} if self.task else record
 
 
 def warmstart_examples(settings: WarmStartSettings, codec: TextCodec, problems) -> List[sft.Example]:
@@ -85,7 +87,8 @@ def check_reused_warmstart(settings: WarmStartSettings, directory: str) -> None:
     with open(path) as f:
         saved = json.load(f)
     wanted = json.loads(json.dumps(settings.record()))  # tuples as lists, as saved
-    changed = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
+    # Over both records' keys: a game's warm-start (with a "task") is not an arithmetic run's, nor the reverse.
+    changed = {k: (saved.get(k), wanted.get(k)) for k in {**saved, **wanted} if saved.get(k) != wanted.get(k)}
     if changed:
         differences = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
         fail(

@@ -54,7 +54,7 @@ def test_warmstart_examples_are_the_teachers_turns_prompted_as_the_rl_prompts(te
     game = multiturn.GameSettings("guess_number", env_kwargs=(("max_number", 20), ("max_turns", 5), ("min_number", 1)))
     prompts = PromptSettings(template=template, max_length=96)
     examples = multiturn.warmstart_examples(game, codec, prompts, games=6, slip_rate=0.5, seed=2)
-    seeds = [multiturn.WARMSTART_SEED_OFFSET + 2 * 6 + g for g in range(6)]
+    seeds = multiturn.warmstart_seeds(2, 6)
     episodes = guess_number_teacher.teacher_games(seeds, slip_rate=0.5, rng_seed=2, max_turns=5)
     expected = []
     for episode in episodes:
@@ -73,3 +73,40 @@ def test_game_settings_refuse_an_unknown_env_and_a_bad_discount():
         multiturn.GameSettings("chess")
     with pytest.raises(ValueError, match="gamma=1.5"):
         multiturn.GameSettings("guess_number", gamma=1.5)
+
+
+def test_training_warmstart_and_evaluation_games_never_share_a_seed():
+    blocks = {
+        "training": {s for i in range(200) for s in multiturn.training_seeds(3, i, 64)},
+        "training, another seed": {s for i in range(200) for s in multiturn.training_seeds(10**6, i, 64)},
+        "evaluation": {multiturn.EVAL_SEED_OFFSET + g for g in range(500)},
+    }
+    assert all(0 <= s < 2**29 for s in blocks["training"] | blocks["training, another seed"])
+    assert min(blocks["evaluation"]) >= 2**30
+    warm = [s for seed in (0, 7, 10**6) for s in multiturn.warmstart_seeds(seed, 2000)]
+    assert all(2**29 <= s < 2**30 for s in warm) and len(set(multiturn.warmstart_seeds(7, 2000))) == 2000
+
+
+def test_a_reused_warmstart_of_another_task_is_refused(tmp_path):
+    """A run directory's warm-start is reused only for the task that made it: an arithmetic warm-start is not the
+    game's, nor is a game's of another range or turn budget."""
+    import json
+
+    from mathrl_jax.configs import default, guess_number_tiny
+    from mathrl_jax.train import sections, warmstart
+    from mathrl_jax.train.validation import TrainingError
+
+    def record_of(config):
+        directory = tmp_path / str(len(list(tmp_path.iterdir())))
+        directory.mkdir()
+        (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(sections.warmstart_settings(config).record()))
+        return str(directory)
+
+    arithmetic, game = default.get_config(), guess_number_tiny.get_config()
+    other_game = guess_number_tiny.get_config()
+    other_game.guess_number.max_turns = 20
+    for made, used in ((arithmetic, game), (game, arithmetic), (game, other_game)):
+        directory = record_of(made)
+        warmstart.check_reused_warmstart(sections.warmstart_settings(made), directory)  # its own: reused
+        with pytest.raises(TrainingError, match="task"):
+            warmstart.check_reused_warmstart(sections.warmstart_settings(used), directory)

@@ -27,6 +27,26 @@ from tests.train.loop_fixtures import model_dir, run_and_record, small_config  #
             },
             "'answer' with env_name='guess_number'",
         ),
+        (
+            {
+                "env_name": "guess_number",
+                "group_size": 1,
+                "algorithm_name": "reinforce_rebn",
+                "warmstart.steps": 0,
+                "eval_interval": 2,
+                "num_eval_problems": 0,
+            },
+            "num_eval_problems held-out games: got 0",
+        ),
+        (
+            {
+                "env_name": "guess_number",
+                "group_size": 1,
+                "algorithm_name": "reinforce_rebn",
+                "guess_number.max_turns": 0,
+            },
+            "max_turns must be a positive int, got 0",
+        ),
         ({"old_logprobs": "cached"}, "'cached'"),
         ({"old_logprobs": "sampler", "temperature": 0.7}, "temperature=0.7"),
         ({"old_logprobs": "sampler", "algorithm_name": "async_ppo"}, "'async_ppo'"),
