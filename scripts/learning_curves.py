@@ -398,8 +398,8 @@ def run_train(
     save_ledger(os.path.join(out, "runs.json"), ledger)
     if prepare is not None:
         prepare()
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    stderr_path = os.path.join(out, "logs", f"{name}.stderr")
+    stderr_path = os.path.join(out, "logs", f"{name}.stderr")  # an algorithm row's runs: logs/<row>/seed<k>.stderr
+    os.makedirs(os.path.dirname(stderr_path), exist_ok=True)
     print(f"{name}: {' '.join(command)}", flush=True)
     start = time.perf_counter()
     # stdout (train.py's summary) is inherited; stderr (JAX's warnings) goes to a file, shown if the run fails.
