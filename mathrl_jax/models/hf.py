@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mathrl_jax.models import lora
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
 from mathrl_jax.models.safetensors_io import ModelCheckpointError, _write_safetensors, checkpoint_tensors
@@ -43,10 +44,19 @@ TOKENIZER_FILES = (
 )
 
 
+class Adapter(NamedTuple):
+    """The LoRA adapter on a projection: its state paths and scale (`models/lora.py`)."""
+
+    a: Path
+    b: Path
+    scaling: float
+
+
 class TensorSpec(NamedTuple):
     path: Path  # NNX state path
     transpose: bool  # HF layout is the transpose of ours
     shape: Tuple[int, ...]  # HF shape
+    adapter: Optional[Adapter] = None  # the tensor's LoRA adapter: its HF value is the merged kernel
 
 
 def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
@@ -60,7 +70,10 @@ def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
     }
 
     def linear(hf: str, path: Path, n_out: int, n_in: int, bias: bool):
-        table[f"{hf}.weight"] = TensorSpec(path + ("kernel",), True, (n_out, n_in))
+        adapter = None
+        if c.adapts(path[-1]):
+            adapter = Adapter(path + ("lora", "lora_a"), path + ("lora", "lora_b"), c.lora_alpha / c.lora_rank)
+        table[f"{hf}.weight"] = TensorSpec(path + ("kernel",), True, (n_out, n_in), adapter)
         if bias:
             table[f"{hf}.bias"] = TensorSpec(path + ("bias",), False, (n_out,))
 
@@ -158,12 +171,15 @@ def load_state(
     return _load_split(directory, config, sharding_fn)[1]
 
 
-def _load_split(directory: str, config: QwenConfig, sharding_fn: Optional[ShardingFn]):
-    """(graphdef, loaded state) from one abstract trace of the model."""
+def _load_split(directory: str, config: QwenConfig, sharding_fn: Optional[ShardingFn], lora_seed: int = 0):
+    """(graphdef, loaded state) from one abstract trace of the model; LoRA adapters, which a base checkpoint
+    does not hold, start at PEFT's initial values (`lora.initialize`, drawn from `lora_seed`)."""
     tied_head = lambda name: config.tie_word_embeddings and name == "lm_head.weight"
     pure = read_tensors(directory, parameter_table(config), config.jnp_param_dtype, sharding_fn, ignore=tied_head)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
     nnx.replace_by_pure_dict(state, pure)
+    if config.lora_rank:
+        state = lora.initialize(state, lora_seed)
     return graphdef, state
 
 
@@ -175,14 +191,17 @@ def _to_device(array: np.ndarray, dtype: np.dtype, sharding: Optional[jax.shardi
     )
 
 
-def load_model(directory: str, sharding_fn: Optional[ShardingFn] = None, **config_overrides) -> QwenForCausalLM:
+def load_model(
+    directory: str, sharding_fn: Optional[ShardingFn] = None, lora_seed: int = 0, **config_overrides
+) -> QwenForCausalLM:
     """`QwenForCausalLM` with the weights of a local HF checkpoint directory.
 
     `config_overrides` set run-time fields such as `param_dtype="bfloat16"`,
-    `dtype="bfloat16"` or `remat=True`.
+    `dtype="bfloat16"`, `remat=True` or `lora_rank=8, lora_targets=("q_proj", "v_proj")` (fresh adapters drawn
+    from `lora_seed`).
     """
     config = load_config(directory, **config_overrides)
-    return nnx.merge(*_load_split(directory, config, sharding_fn))
+    return nnx.merge(*_load_split(directory, config, sharding_fn, lora_seed))
 
 
 # ---------------------------------------------------------------------------
@@ -198,16 +217,25 @@ def get_path(state, path: Path) -> jax.Array:
     return node[...] if isinstance(node, nnx.Variable) else node
 
 
+def tensor_value(state, spec: TensorSpec) -> jax.Array:
+    """The array a Hugging Face tensor holds, in our layout: the state's, with a LoRA adapter merged in."""
+    value = get_path(state, spec.path)
+    if spec.adapter is None:
+        return value
+    a, b = get_path(state, spec.adapter.a), get_path(state, spec.adapter.b)
+    return lora.merged_kernel(value, a, b, spec.adapter.scaling)
+
+
 def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple[str, jax.Array]]:
     """(HF name, array in HF layout) for every tensor of `table`, one at a time, as JAX arrays.
 
     The arrays stay where the state lives (device, sharding) and each transpose
     is made only when its tensor is reached. The export's conversion; the vLLM
     sync walks the same table (`vllm_sampler.torch_weights`), optionally leaving
-    the transposes to torch views.
+    the transposes to torch views. An adapted projection's tensor is its merged kernel.
     """
     for name, spec in table.items():
-        value = get_path(state, spec.path)
+        value = tensor_value(state, spec)
         yield name, (value.T if spec.transpose else value)
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mathrl_jax.errors import MathRLError
+from mathrl_jax.models import lora
 from mathrl_jax.models.attention import (
     ATTENTION_IMPLEMENTATIONS,
     apply_rope,
@@ -73,6 +74,10 @@ class QwenConfig:
     remat: bool = False
     scan_layers: bool = False  # a cache-less pass compiles one layer and scans it (see `QwenModel._scan_layers`)
     attention: str = "auto"  # the cache-less pass's attention: ATTENTION_IMPLEMENTATIONS
+    # LoRA adapters (`models/lora.py`) on the projections named in `lora_targets`; rank 0: none.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: Tuple[str, ...] = ()
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
@@ -89,6 +94,17 @@ class QwenConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank={self.lora_rank}; expected 0 (no adapters) or a positive rank")
+        try:  # a tuple in a fixed order: the config is part of the (hashed) graphdef
+            targets = lora.resolve_targets(self.lora_targets) if self.lora_rank else ()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        object.__setattr__(self, "lora_targets", targets)
+
+    def adapts(self, projection: str) -> bool:
+        """Whether `projection` (e.g. "q_proj") carries a LoRA adapter."""
+        return self.lora_rank > 0 and projection in self.lora_targets
 
     @property
     def jnp_dtype(self):
@@ -145,16 +161,18 @@ def _flat(linear, x):
     return linear(x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
 
 
-def _linear(config: QwenConfig, rngs: nnx.Rngs, n_in: int, n_out: int, bias: bool) -> nnx.Linear:
-    return nnx.Linear(
-        n_in,
-        n_out,
+def _linear(config: QwenConfig, rngs: nnx.Rngs, n_in: int, n_out: int, bias: bool, name: str = "") -> nnx.Linear:
+    """A projection; a `lora.LoRALinear` when the config adapts `name`."""
+    kwargs = dict(
         use_bias=bias,
         dtype=config.jnp_dtype,
         param_dtype=config.jnp_param_dtype,
         kernel_init=nnx.initializers.normal(0.02),
         rngs=rngs,
     )
+    if config.adapts(name):
+        return lora.LoRALinear(n_in, n_out, rank=config.lora_rank, alpha=config.lora_alpha, **kwargs)
+    return nnx.Linear(n_in, n_out, **kwargs)
 
 
 class Attention(nnx.Module):
@@ -163,10 +181,10 @@ class Attention(nnx.Module):
     def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
         c = config
         self.config = c
-        self.q_proj = _linear(c, rngs, c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias)
-        self.k_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
-        self.v_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias)
-        self.o_proj = _linear(c, rngs, c.num_attention_heads * c.head_dim, c.hidden_size, False)
+        self.q_proj = _linear(c, rngs, c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias, "q_proj")
+        self.k_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, "k_proj")
+        self.v_proj = _linear(c, rngs, c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias, "v_proj")
+        self.o_proj = _linear(c, rngs, c.num_attention_heads * c.head_dim, c.hidden_size, False, "o_proj")
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.jnp_param_dtype)
@@ -206,9 +224,9 @@ class MLP(nnx.Module):
 
     def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
         c = config
-        self.gate_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False)
-        self.up_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False)
-        self.down_proj = _linear(c, rngs, c.intermediate_size, c.hidden_size, False)
+        self.gate_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False, "gate_proj")
+        self.up_proj = _linear(c, rngs, c.hidden_size, c.intermediate_size, False, "up_proj")
+        self.down_proj = _linear(c, rngs, c.intermediate_size, c.hidden_size, False, "down_proj")
 
     def __call__(self, x):
         return _flat(self.down_proj, jax.nn.silu(_flat(self.gate_proj, x)) * _flat(self.up_proj, x))

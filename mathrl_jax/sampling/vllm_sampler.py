@@ -70,7 +70,7 @@ def torch_weights(
     import torch
 
     for name, spec in hf.parameter_table(config).items():
-        array = hf.get_path(state, spec.path)
+        array = hf.tensor_value(state, spec)  # a LoRA-adapted projection's merged kernel
         if spec.transpose and not transpose_in_torch:
             array = array.T
         if dtype is not None and array.dtype != dtype:

@@ -17,6 +17,7 @@ parameter sharding over "fsdp"):
 | q/k/v_proj.kernel, gate/up.kernel  | [D, out]   | (fsdp, tp)      |
 | q/k/v_proj.bias                    | [out]      | (tp,)           |
 | o_proj.kernel, down_proj.kernel    | [in, D]    | (tp, fsdp)      |
+| a kernel's LoRA lora_a, lora_b     | [in, r], [r, out] | (its in-spec, None), (None, its out-spec) |
 | lm_head.kernel                     | [D, V]     | (fsdp, tp)      |
 | score (critic head)                | [D, 1], [1]| (fsdp, None), ()|
 | every norm weight                  | [D]        | ()              |
@@ -54,13 +55,27 @@ def qwen_rules(num_key_value_heads: Optional[int] = None, tp: int = 1) -> Rules:
     the like from matching another module's rule.
     """
     kv_tp = "tp" if num_key_value_heads is None or num_key_value_heads % tp == 0 else None
+    kernels = (
+        ("q_proj|gate_proj|up_proj", P("fsdp", "tp")),
+        ("k_proj|v_proj", P("fsdp", kv_tp)),
+        ("o_proj|down_proj", P("tp", "fsdp")),
+    )
+    # A LoRA adapter's A `[in, r]` splits its input side as the kernel does, B `[r, out]` its output side: the
+    # low-rank path then needs the collectives of the base matmul, no others.
+    adapters = tuple(
+        rule
+        for names, (split_in, split_out) in kernels
+        for rule in (
+            (rf"/({names})/lora/lora_a$", P(split_in, None)),
+            (rf"/({names})/lora/lora_b$", P(None, split_out)),
+        )
+    )
     return (
         (r"(^|/)embed_tokens/embedding$", P("tp", "fsdp")),
-        (r"/(q_proj|gate_proj|up_proj)/kernel$", P("fsdp", "tp")),
-        (r"/(k_proj|v_proj)/kernel$", P("fsdp", kv_tp)),
+        *((rf"/({names})/kernel$", spec) for names, spec in kernels),
+        *adapters,
         (r"/q_proj/bias$", P("tp")),
         (r"/(k_proj|v_proj)/bias$", P(kv_tp)),
-        (r"/(o_proj|down_proj)/kernel$", P("tp", "fsdp")),
         (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),
         (r"(^|/)score/kernel$", P("fsdp", None)),
         (r"(^|/)score/bias$", P()),

@@ -1,0 +1,121 @@
+"""LoRA adapters: the adapted forward equals the merged plain model's, PEFT's layout and numerics (transformers +
+peft as the reference), the partition rules place adapters like their base weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mathrl_jax import sharding
+from mathrl_jax.models import hf, lora, peft_adapters, tiny
+from mathrl_jax.models.qwen import ConfigError, QwenForCausalLM
+
+TARGETS = "q_proj,v_proj,down_proj"
+
+
+def _perturbed(model, seed=1, scale=0.05):
+    """The model with every adapter moved off its initial value (B = 0 would make any merge look right)."""
+    graphdef, adapters, base = nnx.split(model, nnx.LoRAParam, ...)
+    leaves, treedef = jax.tree.flatten(adapters)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), base)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("base"))
+    tiny.write_tiny_checkpoint(directory, seed=0)
+    return directory
+
+
+def _ids():
+    return jnp.asarray(np.random.default_rng(0).integers(3, 40, size=(2, 9)), jnp.int32)
+
+
+def test_fresh_adapters_leave_the_model_unchanged_and_only_named_projections_are_adapted(base_dir):
+    plain = hf.load_model(base_dir)
+    adapted = hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS)
+    np.testing.assert_array_equal(np.asarray(adapted(_ids())[0]), np.asarray(plain(_ids())[0]))
+    _, adapters, _ = nnx.split(adapted, nnx.LoRAParam, ...)
+    layer = nnx.to_pure_dict(adapters)["model"]["layers"][0]
+    assert set(layer["self_attn"]) == {"q_proj", "v_proj"} and set(layer["mlp"]) == {"down_proj"}
+    a = layer["self_attn"]["q_proj"]["lora"]["lora_a"]
+    assert a.dtype == jnp.float32 and a.shape == (128, 4)
+    # PEFT's kaiming_uniform(a=sqrt(5)) on [r, in]: uniform in +-1/sqrt(in), variance 1 / (3 in).
+    bound = 1 / np.sqrt(128)
+    assert np.abs(a).max() <= bound and abs(float(np.var(a)) - bound**2 / 3) < 0.2 * bound**2 / 3
+    assert not np.any(layer["self_attn"]["q_proj"]["lora"]["lora_b"])
+
+
+def test_targets_are_checked_and_all_linear_is_every_decoder_projection():
+    with pytest.raises(ConfigError, match="qq_proj"):
+        tiny.tiny_config(lora_rank=2, lora_targets="q_proj,qq_proj")
+    with pytest.raises(ConfigError, match="lora_rank=-1"):
+        tiny.tiny_config(lora_rank=-1, lora_targets="q_proj")
+    assert tiny.tiny_config(lora_rank=2, lora_targets="all-linear").lora_targets == lora.TARGETS
+    assert tiny.tiny_config(lora_rank=2, lora_targets=["v_proj", "q_proj"]).lora_targets == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_adapter_forward_equals_the_merged_plain_model(base_dir, tmp_path, dtype):
+    """W x + s B A x (the adapters applied) against the plain model whose kernels are W + s A B (merged)."""
+    numerics = dict(param_dtype=dtype, dtype=dtype)
+    adapted = _perturbed(hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS, **numerics))
+    hf.export_checkpoint(nnx.state(adapted), adapted.config, str(tmp_path), tokenizer_dir=base_dir)
+    merged = hf.load_model(str(tmp_path), **numerics)
+    assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.iter_graph(merged))
+    got, want = np.asarray(adapted(_ids())[0], np.float32), np.asarray(merged(_ids())[0], np.float32)
+    plain = np.asarray(hf.load_model(base_dir, **numerics)(_ids())[0], np.float32)
+    effect, error = np.abs(got - plain).max(), np.abs(got - want).max()
+    # bf16: the merged kernel is rounded once, the adapted pass rounds W x and s B A x apart
+    assert error < (1e-5 if dtype == "float32" else 0.1 * effect), (error, effect)
+    assert effect > 0.3  # the adapters matter
+
+
+def test_peft_export_loads_in_peft_and_matches_the_jax_logits(base_dir, tmp_path):
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    adapted = _perturbed(hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS))
+    peft_adapters.export_adapters(nnx.state(adapted), adapted.config, str(tmp_path / "adapter"), base_dir)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ids = _ids()
+    with torch.no_grad():
+        want = model(torch.as_tensor(np.asarray(ids))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(adapted(ids)[0]), want, atol=1e-4)
+    # and back: the directory read into a fresh model reproduces the adapters exactly
+    fresh = hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS, lora_seed=9)
+    graphdef, adapters, rest = nnx.split(fresh, nnx.LoRAParam, ...)
+    nnx.replace_by_pure_dict(adapters, peft_adapters.read_adapters(str(tmp_path / "adapter"), fresh.config))
+    np.testing.assert_array_equal(np.asarray(nnx.merge(graphdef, adapters, rest)(ids)[0]), np.asarray(adapted(ids)[0]))
+
+
+def test_adapter_directories_of_another_shape_or_kind_are_refused(base_dir, tmp_path):
+    adapted = hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS)
+    peft_adapters.export_adapters(nnx.state(adapted), adapted.config, str(tmp_path))
+    with pytest.raises(peft_adapters.ModelCheckpointError, match="has shape"):
+        peft_adapters.read_adapters(str(tmp_path), tiny.tiny_config(lora_rank=2, lora_targets=TARGETS))
+    with pytest.raises(peft_adapters.ModelCheckpointError, match="missing adapter tensor .*k_proj"):
+        peft_adapters.read_adapters(str(tmp_path), tiny.tiny_config(lora_rank=4, lora_targets="q_proj,k_proj"))
+    cfg = peft_adapters.read_adapter_config(str(tmp_path))
+    assert cfg["r"] == 4 and cfg["target_modules"] == ["q_proj", "v_proj", "down_proj"]
+    (tmp_path / peft_adapters.CONFIG_FILE).write_text('{"peft_type": "LORA", "use_dora": true}')
+    with pytest.raises(peft_adapters.ModelCheckpointError, match="use_dora=True"):
+        peft_adapters.read_adapter_config(str(tmp_path))
+
+
+def test_partition_rules_place_adapters_like_their_base_weights():
+    """A's input side is split as the kernel's input side, B's output side as the kernel's output side."""
+    config = tiny.tiny_config(lora_rank=4, lora_targets="all-linear")
+    state = nnx.state(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
+    specs = sharding.tree_specs(nnx.to_pure_dict(state), sharding.qwen_rules(config.num_key_value_heads, 2))
+    layer = specs["model"]["layers"][0]
+    for block, name in [("self_attn", n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+        ("mlp", n) for n in ("gate_proj", "up_proj", "down_proj")
+    ]:
+        kernel, adapter = layer[block][name]["kernel"], layer[block][name]["lora"]
+        assert tuple(adapter["lora_a"]) == (kernel[0], None), name
+        assert tuple(adapter["lora_b"]) == (None, kernel[1]), name
