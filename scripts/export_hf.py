@@ -18,7 +18,9 @@ config's `model_name_or_path`, else `RUN_DIR/initial_model` (`--like DIR`
 overrides this, e.g. for a run dir copied from another machine). Tensors are
 saved in the run's `param_dtype` unless `--dtype` is given. A finished run
 already has its last policy in `RUN_DIR/final_model`; this exports earlier
-steps and runs that were stopped.
+steps and runs that were stopped. A LoRA run's checkpoint holds its adapters
+alone: they are merged into that base model, which must be the one they were
+trained on (the hash the checkpoint recorded; another is refused).
 
 Parameter-file mode. PARAMS is a file of parameters saved with
 `flax.serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(model)))`,
@@ -57,6 +59,8 @@ from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.checkpoint_directory import STATE_ITEM
 from mathrl_jax.train.checkpoint_errors import CheckpointError
 from mathrl_jax.train.checkpoint_tree import TargetMismatchError
+from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
+from mathrl_jax.train.validation import TrainingError
 
 CHECKPOINTS = "checkpoints"
 PARAMS_KEY = "params"  # the TrainState field of the policy parameters
@@ -84,8 +88,9 @@ def load_params(path: str) -> dict:
             raise ValueError(f"{path!r} is not a msgpack parameter file: {e}") from None
 
 
-def _abstract_state(config: QwenConfig) -> nnx.State:
-    return nnx.state(nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0))))
+def _abstract_state(config: QwenConfig, adapters_only: bool = False) -> nnx.State:
+    model = nnx.eval_shape(lambda: QwenForCausalLM(config, rngs=nnx.Rngs(0)))
+    return nnx.state(model, nnx.LoRAParam) if adapters_only else nnx.state(model)
 
 
 def export(params_path: str, like: str, out: str, dtype: str = None, force: bool = False) -> None:
@@ -201,21 +206,29 @@ def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_policy_params(checkpointer: Checkpointer, step: int, config: QwenConfig) -> nnx.State:
+def read_policy_params(checkpointer: Checkpointer, step: int, config: QwenConfig, base: str = "") -> nnx.State:
     """The policy params of checkpoint `step`, on the CPU, as an `nnx.State` of `config`'s model.
 
     Only the `params` entry of the saved TrainState is read and verified (a partial restore), whatever mesh the
     run was trained on; its keys and shapes must be those of `config`'s model (raises InputError naming them).
+    A LoRA run (`config.lora_rank`) saved its adapters alone: they are read into the model of `base`, which must
+    be the base they were trained on (its hash, recorded in the checkpoint's metadata).
     """
     step_dir = os.path.join(checkpointer.directory, str(step))
     try:
         if not any(name.split("/", 1)[0] == PARAMS_KEY for name in checkpointer.saved_shapes(step)):
             raise InputError(f"checkpoint {step_dir!r} holds no '{PARAMS_KEY}' tree; it is not a training state")
         cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
-        model = jax.tree.map(
-            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=cpu), _abstract_state(config)
-        )
+        abstract = _abstract_state(config, adapters_only=bool(config.lora_rank))
+        model = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=cpu), abstract)
         restored, _ = checkpointer.restore({PARAMS_KEY: model}, step, partial=True)
+        if config.lora_rank:
+            try:
+                check_lora_base(checkpointer.read_metadata(step).get(LORA_BASE_KEY), lora_base_record(base), step)
+            except TrainingError as e:
+                raise InputError(f"{e} (--like names another base)") from None
+            state = hf.load_state(base, config)  # the base, adapters fresh: the saved ones replace them
+            return nnx.merge_state(state, restored[PARAMS_KEY])
     except TargetMismatchError as e:
         raise InputError(
             f"checkpoint {step_dir!r} does not match the {config.architecture} of its base model "
@@ -250,12 +263,18 @@ def export_run(
         param_dtype = dtype or run_config.get("param_dtype") or "float32"
         if param_dtype not in DTYPES:
             raise InputError(f"param_dtype {param_dtype!r} in {run_dir}/config.json: expected one of {DTYPES}")
+        lora = run_config.get("lora") or {}
+        adapters = (
+            dict(lora_rank=lora["rank"], lora_alpha=lora["alpha"], lora_targets=lora["targets"])
+            if lora.get("rank")
+            else {}
+        )
         try:
-            config = load_config(base, param_dtype=param_dtype)
+            config = load_config(base, param_dtype=param_dtype, **adapters)
         except (ConfigError, OSError, ValueError) as e:
             raise InputError(f"base model {base!r}: {e}") from None
         check_out(out, force, protected=[run_dir, base])
-        state = read_policy_params(checkpointer, step, config)
+        state = read_policy_params(checkpointer, step, config, base)
     write_atomically(out, lambda d: hf.export_checkpoint(state, config, d, tokenizer_dir=base), force)
     return step_dir, step
 

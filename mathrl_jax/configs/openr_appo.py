@@ -43,6 +43,9 @@ def get_config():
     config.num_mini_batch = 4
     config.ppo_epoch = 1
     config.lr = 1e-6
+    config.lora.rank = 8  # OpenR's policy: LoRA r 8, alpha 16 on q_proj and v_proj (qwen_lora_agent.py), base frozen
+    config.lora.alpha = 16.0
+    config.lora.targets = "q_proj,v_proj"
     config.critic_lr = 5e-5
     config.warmup_steps = 0  # OpenR: constant learning rates
     config.adam_eps = 1e-5  # OpenR: opti_eps

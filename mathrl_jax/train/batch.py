@@ -24,6 +24,7 @@ from mathrl_jax.sampling.jax_sampler import bucket
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import advantages as advantages_lib
 from mathrl_jax.train import algorithms, minibatches, packing
+from mathrl_jax.train.state import model_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,8 @@ class BatchMaker:
     mesh: Any
     logprobs: Callable
     values: Optional[Callable] = None
-    ref_params: Any = None
+    ref_params: Any = None  # the whole reference model (`state_lib.model_params`)
+    frozen: Any = None  # a LoRA run's base weights, which `state.params` (the adapters) are joined with
     shape_floors: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -207,7 +209,7 @@ def prepare_batch(
         if s.old_logprobs_from_sampler:
             old = batch.pop("old_logprobs")  # 0 off the completions, as the recomputed ones are masked
         else:
-            old = maker.logprobs(state.params, *inputs) * batch["response_mask"]
+            old = maker.logprobs(model_params(state.params, maker.frozen), *inputs) * batch["response_mask"]
         ref = None
         if maker.ref_params is not None:
             ref = maker.logprobs(maker.ref_params, *inputs) * batch["response_mask"]

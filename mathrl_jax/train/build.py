@@ -31,6 +31,7 @@ from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.collect import RolloutMaker
 from mathrl_jax.train.evaluation import held_out_accuracy
+from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
 from mathrl_jax.train.metrics import MetricsLogger, report_sinks
 from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data, prompt_settings
 from mathrl_jax.train.resume import check_resumed_config
@@ -223,9 +224,15 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     numerics = dict(
         param_dtype=config.param_dtype, dtype=config.dtype, attention=config.attention, scan_layers=config.scan_layers
     )
-    model = hf.load_model(start_dir, remat=config.remat, **numerics)
+    adapters = sections.lora_settings(config)
+    model = hf.load_model(start_dir, remat=config.remat, lora_seed=config.seed, **adapters, **numerics)
     rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
-    graphdef, params = nnx.split(model)
+    frozen = None
+    if model.config.lora_rank:  # the adapters train (TrainState.params, the optimizer's); the base stays put
+        graphdef, params, frozen = nnx.split(model, nnx.LoRAParam, ...)
+        frozen = sharding.shard_tree(frozen, mesh, rules)
+    else:
+        graphdef, params = nnx.split(model)
     params = sharding.shard_tree(params, mesh, rules)
     algorithm = sections.algorithm_of(config)
     optimizer_settings, critic_optimizer_settings = sections.optimizer_settings_of(config)
@@ -259,8 +266,10 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     start_iteration = 0
     pending: List[Any] = []
     shape_floors: Dict[str, Any] = {}
+    base_record = lora_base_record(start_dir) if frozen is not None else None
     if config.resume and checkpointer.latest_step() is not None:
         state, metadata = checkpointer.restore(state)
+        check_lora_base(metadata.get(LORA_BASE_KEY), base_record, checkpointer.restored_step)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])
         records = metadata.get(PENDING_KEY) or []  # an asynchronous run's batches made ahead, and their arrays
@@ -270,7 +279,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         shape_floors = dict(metadata.get(SHAPES_KEY) or {})
     distributed.on_main_process("config.json", lambda: _write_config(config, run_dir))
     sampler = _make_sampler(config, start_dir, model, codec, sampler_args)
-    sampler.update_weights(state.params, int(state.policy_version))
+    sampler.update_weights(state_lib.model_params(state.params, frozen), int(state.policy_version))
     sinks = report_to(config)
     micro = config.micro_batch_size or None
     batches = BatchMaker(
@@ -279,7 +288,9 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         mesh,
         logprobs=passes.compute_logprobs_fn(graphdef, config.temperature, micro),
         values=passes.compute_values_fn(critic_graphdef, micro) if algorithm.critic else None,
-        ref_params=jax.tree.map(jnp.copy, params) if needs_ref else None,
+        # The starting policy; a LoRA run's reference shares its base with the policy (its adapters a copy).
+        ref_params=state_lib.model_params(jax.tree.map(jnp.copy, params), frozen) if needs_ref else None,
+        frozen=frozen,
         shape_floors=shape_floors,
     )
     rollouts = RolloutMaker(
@@ -309,6 +320,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         game=game,
         model_dir=start_dir,
         pending_rollouts=pending,
+        lora_base=base_record,
     )
 
 

@@ -24,18 +24,19 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax import files
-from mathrl_jax.models import hf
+from mathrl_jax.models import hf, peft_adapters
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train.async_loop import AsyncRollouts, pending_to_checkpoint
 from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, prepare_batch
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.collect import Collected, SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
+from mathrl_jax.train.lora_base import LORA_BASE_KEY
 from mathrl_jax.train.multiturn import EnvRollouts, evaluate_games
 from mathrl_jax.train.progress import Progress
 from mathrl_jax.train.run import RewardFn, Run, RunSettings
 from mathrl_jax.train.run_lock import release_run_dir
-from mathrl_jax.train.state import TrainState
+from mathrl_jax.train.state import TrainState, model_params
 from mathrl_jax.train.validation import TrainingError
 
 
@@ -70,7 +71,7 @@ def _async_rollouts(run: Run) -> AsyncRollouts:
         max_head_offpolicyness=run.settings.max_staleness,
         start_iteration=run.start_iteration,
         total_iterations=run.settings.total_iterations,
-        params=run.state.params,
+        params=model_params(run.state.params, run.batches.frozen),
         policy_version=int(run.state.policy_version),
         pending_rollouts=run.pending_rollouts,
     )
@@ -134,10 +135,10 @@ def train_iteration(
         jax.block_until_ready(batch)
         update_start = time.perf_counter()
         with mesh_context(batches.mesh):
-            state, update_metrics = update(state, batch)
+            state, update_metrics = update(state, batch, batches.frozen)
         update_metrics = jax.device_get(update_metrics)
     sync_start = time.perf_counter()
-    source.updated(iteration, state.params, version + 1)  # each update bumps the policy version
+    source.updated(iteration, model_params(state.params, batches.frozen), version + 1)  # each update: a version
     done = time.perf_counter()
     lengths = rollouts.completion_lengths
     tokens = int(lengths.sum())
@@ -182,7 +183,35 @@ def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[Lis
         PENDING_KEY: records,
         SHAPES_KEY: dict(run.batches.shape_floors),
     }
+    if run.lora_base is not None:
+        metadata[LORA_BASE_KEY] = run.lora_base
     return run.checkpointer.save(iteration, run.state, metadata, force=force, arrays=arrays or None)
+
+
+FINAL_ADAPTER = "final_adapter"
+
+
+def export_final_model(run: Run, final: str) -> None:
+    """`final` (run_dir/final_model): the policy as a Hugging Face checkpoint, a LoRA run's adapters merged into
+    its base; a LoRA run also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
+    `base_model_name_or_path` is the base the run trained on)."""
+    params = model_params(run.state.params, run.batches.frozen)
+    model_config = nnx.merge(run.graphdef, params).config
+    params = distributed.fetch(params)  # every process takes part in gathering the shards
+    distributed.on_main_process(
+        "final_model",
+        lambda: files.write_directory(
+            final, lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir)
+        ),
+    )
+    if model_config.lora_rank:
+        adapter_dir = os.path.join(os.path.dirname(final), FINAL_ADAPTER)
+        distributed.on_main_process(
+            FINAL_ADAPTER,
+            lambda: files.write_directory(
+                adapter_dir, lambda d: peft_adapters.export_adapters(params, model_config, d, run.model_dir)
+            ),
+        )
 
 
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
@@ -303,14 +332,7 @@ def train(
         final = os.path.join(settings.run_dir, "final_model")
         # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
         if settings.export_final and (total > run.start_iteration or not os.path.isdir(final)):
-            model_config = nnx.merge(run.graphdef, run.state.params).config
-            params = distributed.fetch(run.state.params)  # every process takes part in gathering the shards
-            distributed.on_main_process(
-                "final_model",
-                lambda: files.write_directory(
-                    final, lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir)
-                ),
-            )
+            export_final_model(run, final)
     finally:
         source.close()
         progress.close()

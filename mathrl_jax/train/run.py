@@ -77,3 +77,4 @@ class Run:
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
     pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
+    lora_base: Optional[Dict[str, str]] = None  # a LoRA run's base: path and hash, in each checkpoint

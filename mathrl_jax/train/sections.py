@@ -62,6 +62,13 @@ def update_config(config) -> update_lib.UpdateConfig:
     return dataclasses.replace(cfg, skip_zero_advantage=bool(skip))
 
 
+def lora_settings(config) -> Dict[str, Any]:
+    """The model's LoRA fields (`QwenConfig.lora_*`): none at rank 0 (every weight trains)."""
+    if not config.lora.rank:
+        return {}
+    return dict(lora_rank=config.lora.rank, lora_alpha=config.lora.alpha, lora_targets=config.lora.targets)
+
+
 def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The `state.make_optimizer` arguments of the policy and of the critic: `config.optimizer` over the params, in
     their dtype (`param_dtype`, the master precision), with the run's schedule counted in optimizer steps."""

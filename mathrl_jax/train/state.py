@@ -13,6 +13,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 
 @flax.struct.dataclass
@@ -20,7 +21,8 @@ class TrainState:
     """Policy (and optional critic) params with their optimizer states, step, RNG and version.
 
     Attributes:
-      params: the policy's `nnx.State`.
+      params: the policy's trained `nnx.State`: every weight, or a LoRA run's adapters alone (`model_params`
+        joins them with the frozen base).
       opt_state: its optax state.
       step: `[]` int32 updates done (iterations of the loop).
       rng: `[2]` uint32 raw key data (`jax.random.key_data`): plain arrays checkpoint bit-exactly.
@@ -59,6 +61,13 @@ def create_train_state(
         critic_params=critic_params,
         critic_opt_state=None if critic_params is None else critic_optimizer.init(critic_params),
     )
+
+
+def model_params(params: Any, frozen: Any = None) -> Any:
+    """The policy's whole `nnx.State`: the trained `params` (`TrainState.params`) joined with the `frozen` part a
+    LoRA run does not train (its base weights), or `params` alone (None: every weight trains). No array is
+    copied: the base is held once, beside the state, never donated and never checkpointed."""
+    return params if frozen is None else nnx.merge_state(frozen, params)
 
 
 SCHEDULES = ("constant", "linear", "cosine")

@@ -1,7 +1,7 @@
 """The jitted PPO-style update: `ppo_epoch` x `num_mini_batch` optimizer steps on one batch of rollouts.
 
     update = make_update_fn(graphdef, optimizer, UpdateConfig(ppo_epoch=1, num_mini_batch=4))
-    state, metrics = update(state, batch)
+    state, metrics = update(state, batch)           # a LoRA run: update(state, batch, frozen_base)
 
 Batch (all `[N, L]`, row layout of `Rollouts.to_batch`: column c holds token c,
 whose log-prob comes from the logits at column c - 1):
@@ -49,7 +49,7 @@ from mathrl_jax import losses
 from mathrl_jax.train import update_metrics
 from mathrl_jax.train.minibatches import ORDER, PACKED, minibatch_order
 from mathrl_jax.train.passes import critic_values, packed_inputs, policy_logprobs, unpack
-from mathrl_jax.train.state import TrainState
+from mathrl_jax.train.state import TrainState, model_params
 from mathrl_jax.train.update_config import UpdateConfig, policy_loss_use
 
 
@@ -62,8 +62,9 @@ def _forward(fn: Callable, mb: Dict[str, jax.Array], *args):
     return jax.tree.map(lambda x: unpack(x, packing), fn(packing["input_ids"], None, *args, packing))
 
 
-def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator):
-    logp, entropy = _forward(functools.partial(policy_logprobs, graphdef, params), mb, cfg.temperature)
+def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator, frozen=None):
+    model = functools.partial(policy_logprobs, graphdef, model_params(params, frozen))
+    logp, entropy = _forward(model, mb, cfg.temperature)
     mask = mb["response_mask"]
     loss_fn, use = losses.get_policy_loss(cfg.policy_loss), policy_loss_use(cfg.policy_loss)
     loss, metrics = loss_fn(logp, mb["old_logprobs"], mb["advantages"], mask, **use.args(cfg, mb, denominator))
@@ -123,8 +124,8 @@ def _rows_with_advantage(mb) -> jax.Array:
     return mask * has_advantage.astype(mask.dtype)
 
 
-def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
-    values = _forward(functools.partial(critic_values, graphdef, params), mb)
+def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator, frozen=None):
+    values = _forward(functools.partial(critic_values, graphdef, model_params(params, frozen)), mb)
     loss, metrics = losses.clipped_value_loss(
         values,
         mb["old_values"],
@@ -146,16 +147,17 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator):
     return loss, metrics  # value_loss, value_clip_fraction, value_mean, the value_sum_* of explained variance
 
 
-def _accumulate(objective: Callable, params, micro_batches, denominator, units):
+def _accumulate(objective: Callable, params, micro_batches, denominator, units, frozen=None):
     """Sum over micro-batches of (loss, grads); metrics combined by `update_metrics.over_micro_batches` (the means
     over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries, weighted by its unit count,
-    so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them).
+    so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them). The gradient is taken
+    with respect to `params` alone; `frozen` (a LoRA run's base) enters the objective as its last argument.
 
     A micro-batch with no unit is skipped (`lax.cond`): it would add a zero loss, zero gradients and metrics of
     weight 0 (a packing plan's spare micro-batches, `packing.plan_update`), so skipping it changes no value."""
 
     def accumulate(acc, mb):
-        (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator)
+        (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(params, mb, denominator, frozen)
         acc_loss, acc_grads = acc
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_grads, grads)), metrics
 
@@ -167,7 +169,11 @@ def _accumulate(objective: Callable, params, micro_batches, denominator, units):
         abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
         first = jax.tree.map(lambda x: x[0], micro_batches)
         metric_shapes = jax.eval_shape(
-            lambda p, mb, d: objective(p, mb, d)[1], abstract(params), abstract(first), abstract(denominator)
+            lambda p, mb, d, f: objective(p, mb, d, f)[1],
+            abstract(params),
+            abstract(first),
+            abstract(denominator),
+            abstract(frozen),
         )
         no_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
         skip = lambda acc, mb: (acc, no_metrics)  # noqa: E731
@@ -213,8 +219,10 @@ def make_update_fn(
     critic_optimizer: Optional[optax.GradientTransformation] = None,
     donate: bool = True,
     state_shardings: Any = None,
-) -> Callable[[TrainState, Dict[str, jax.Array]], Tuple[TrainState, Dict[str, jax.Array]]]:
-    """The jitted `update(state, batch) -> (state, metrics)` (see the module docstring).
+) -> Callable[..., Tuple[TrainState, Dict[str, jax.Array]]]:
+    """The jitted `update(state, batch, frozen=None) -> (state, metrics)` (see the module docstring). `frozen`:
+    the weights a LoRA run does not train (`state.params` holds its adapters; `state.model_params`), never
+    donated; the optimizer then sees the adapters alone.
 
     `state_shardings`, a TrainState of shardings (e.g. `jax.tree.map(lambda x: x.sharding, placed_state)`), pins
     the returned state to them. Without it XLA picks the output shardings, and under fsdp it returns small
@@ -227,7 +235,7 @@ def make_update_fn(
     policy_objective = functools.partial(_policy_objective, cfg, graphdef)
     critic_objective = functools.partial(_critic_objective, cfg, critic_graphdef) if has_critic else None
 
-    def update(state: TrainState, batch: Dict[str, jax.Array]):
+    def update(state: TrainState, batch: Dict[str, jax.Array], frozen: Any = None):
         batch = dict(batch)
         plan = batch.pop(PACKED, None)
         given_order = batch.pop(ORDER, None)
@@ -259,7 +267,8 @@ def make_update_fn(
             gather = functools.partial(_packed_micro_batches, extended)
 
         def minibatch_step(carry, xs):
-            params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped = carry
+            # `frozen` rides in the carry as `params` do: the model is built from values of one trace level (NNX)
+            params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, frozen = carry
             step, minibatch_rows = xs
             micro_batches = gather(step)
             whole = {k: batch[k][minibatch_rows] for k in denominator_keys}  # [mini, L]
@@ -272,7 +281,7 @@ def make_update_fn(
             if cfg.skip_zero_advantage:
                 micro_batches = dict(micro_batches, response_mask=_rows_with_advantage(micro_batches))
             units = _policy_units(cfg, micro_batches)
-            loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units)
+            loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units, frozen)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             kl_skip = jnp.zeros((), bool)
@@ -301,7 +310,7 @@ def make_update_fn(
             metrics["applied_fraction"] = apply.astype(jnp.float32)
             metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
             metrics["all_tokens"] = jnp.sum(whole["response_mask"]).astype(jnp.float32)
-            return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), metrics
+            return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, frozen), metrics
 
         init = (
             state.params,
@@ -310,8 +319,9 @@ def make_update_fn(
             state.critic_opt_state,
             jnp.zeros((), jnp.int32),
             jnp.zeros((), jnp.int32),
+            frozen,
         )
-        (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped), per_step = jax.lax.scan(
+        (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, _), per_step = jax.lax.scan(
             minibatch_step, init, (steps, order)
         )
         metrics = update_metrics.over_steps(per_step)

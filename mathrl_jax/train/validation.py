@@ -50,6 +50,8 @@ def normalize_config(config) -> None:
 
 # (dotted key, lowest, highest, whether the lowest is allowed): a value outside is refused, naming both.
 RANGES = (
+    ("lora.rank", 0, math.inf, True),
+    ("lora.alpha", 0.0, math.inf, False),
     ("clip_low", 0.0, 1.0, True),  # PPO's epsilon: 1 - eps >= 0
     ("clip_high", 0.0, math.inf, True),
     ("clip_c", 1.0, math.inf, False),  # dual clip: c > 1 (Ye et al. 2020)
@@ -112,6 +114,15 @@ def validate_values(config) -> None:
     unknown = [level for level in levels if isinstance(level, bool) or level not in arithmetic.LEVELS]
     if not levels or unknown:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
+    if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
+        fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
+    if c.lora.rank:
+        from mathrl_jax.models import lora
+
+        try:
+            lora.resolve_targets(c.lora.targets)
+        except ValueError as e:
+            fail(f"lora.targets: {e}")
     if c.optimizer not in state_lib.OPTIMIZERS:
         fail(f"unknown optimizer {c.optimizer!r}; expected one of {', '.join(state_lib.OPTIMIZERS)}")
     sinks = report_sinks(c.report_to)

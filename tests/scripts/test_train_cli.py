@@ -131,6 +131,12 @@ CASES = {
     "no checkpoints kept": (lambda t: ["--config.max_to_keep=0"], "max_to_keep=0"),
     "empty warm-start batch": (lambda t: ["--config.warmstart.batch_size=0"], "warmstart.batch_size=0"),
     "no grader workers": (lambda t: ["--config.reward.num_workers=0"], "reward.num_workers=0"),
+    "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
+    "LoRA alpha 0": (lambda t: ["--config.lora.rank=4", "--config.lora.alpha=0"], "lora.alpha=0"),
+    "unknown LoRA target": (
+        lambda t: ["--config.lora.rank=4", "--config.lora.targets=q_proj,qkv_proj"],
+        "unknown: qkv_proj",
+    ),
     "no grading time": (lambda t: ["--config.reward.timeout_s=0"], "reward.timeout_s=0"),
     "no arithmetic problems": (lambda t: ["--config.arithmetic.num_train=0"], "arithmetic.num_train=0"),
     "unknown arithmetic level": (lambda t: ["--config.arithmetic.levels=(9,)"], "arithmetic.levels=(9,)"),

@@ -365,3 +365,35 @@ def test_an_order_of_the_wrong_shape_is_refused():
 
     with pytest.raises(ValueError, match="minibatch order has shape"):
         run_update(UpdateConfig(num_mini_batch=2), {**make_batch(), ORDER: np.zeros((1, N), np.int32)})
+
+
+@pytest.mark.parametrize("micro_batch_size", [0, 2], ids=["whole minibatch", "micro-batches"])
+def test_a_lora_step_is_the_chain_rule_of_the_full_step(micro_batch_size):
+    """One SGD step of a LoRA policy against one of the same model training every weight. At B = 0 the two
+    models are the same function, so the loss's gradient G with respect to a projection's kernel is the same,
+    and the chain rule through W + s A B gives dL/dB = s A^T G and dL/dA = s G B^T = 0: the adapters' step is the
+    full step's kernel step projected through A, and the base (passed as `frozen`) does not move."""
+    lora = dict(lora_rank=4, lora_alpha=8.0, lora_targets=("q_proj", "up_proj"))
+    graphdef, params = split_policy()
+    adapted = QwenForCausalLM(dataclasses.replace(CONFIG, **lora), rngs=nnx.Rngs(0))
+    adapted_graphdef, adapters, frozen = nnx.split(adapted, nnx.LoRAParam, ...)
+    nnx.replace_by_pure_dict(frozen, nnx.to_pure_dict(params))  # the same base weights as the full model's
+    batch, sgd = make_batch(), optax.sgd(1.0)
+    cfg = UpdateConfig(num_mini_batch=1, micro_batch_size=micro_batch_size or None, kl_coef=0.1)
+    full, full_metrics = run_update(cfg, batch, sgd)
+    state = create_train_state(adapters, sgd, seed=0)
+    update = make_update_fn(adapted_graphdef, sgd, cfg, donate=False)
+    new, metrics = update(state, batch, frozen)
+    np.testing.assert_allclose(metrics["loss"], full_metrics["loss"], rtol=1e-6)
+    before, after, full_after = nnx.to_pure_dict(adapters), nnx.to_pure_dict(new.params), nnx.to_pure_dict(full.params)
+    start = nnx.to_pure_dict(params)
+    for block, name in (("self_attn", "q_proj"), ("mlp", "up_proj")):
+        kernel_step = (
+            full_after["model"]["layers"][0][block][name]["kernel"] - start["model"]["layers"][0][block][name]["kernel"]
+        )
+        a = before["model"]["layers"][0][block][name]["lora"]["lora_a"]
+        b_step = after["model"]["layers"][0][block][name]["lora"]["lora_b"]  # B was 0
+        want = 2.0 * a.T @ kernel_step  # s = alpha / r = 2
+        np.testing.assert_allclose(b_step, want, atol=1e-6 * float(np.abs(want).max()) + 1e-9)
+        assert np.abs(want).max() > 1e-4
+        np.testing.assert_array_equal(after["model"]["layers"][0][block][name]["lora"]["lora_a"], a)
