@@ -84,7 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The vLLM engine (sampler="vllm"; docs/vllm.md). kv_cache_gib: the KV cache's size, host memory on vLLM's CPU
     # build, GPU memory on a GPU; it bounds the tokens in flight, not a request's length. dtype: the engine's
     # weights and compute, "" = config.dtype (a bfloat16 engine beside a float32 trainer: consider tis_cap).
-    config.vllm = ml_collections.ConfigDict({"kv_cache_gib": 1.0, "dtype": ""})
+    # vllm.lora_sync: a LoRA policy reaches vLLM as merged weights ("merged") or as vLLM's own LoRA adapters
+    # ("adapter": a LoRARequest per sync); see docs/training.md#lora for which is faster
+    config.vllm = ml_collections.ConfigDict({"kv_cache_gib": 1.0, "dtype": "", "lora_sync": "merged"})
     config.n_rollout_threads = 32  # prompts per iteration
     config.group_size = 8  # samples per prompt (GRPO's G)
     config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)

