@@ -250,17 +250,19 @@ def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
     module = load_script()
     assert set(module.ALGORITHM_ROWS) == set(algorithms.NAMES)
     assert [row.name for row in module.expand_algorithms(["all"])] == [row.name for row in module.ROWS]
-    assert sorted(r for rows in module.ALGORITHM_ROWS.values() for r in rows) == sorted(module.ROW_BY_NAME)
+    named = [r for rows in module.ALGORITHM_ROWS.values() for r in rows] + list(module.VARIANT_ROWS)
+    assert sorted(named) == sorted(module.ROW_BY_NAME)
     for row in module.ROWS:
         config = configured(row, [f"--config.run_dir={tmp_path / row.name}"])
         validate_config(config)  # raises (exit 2 in train.py) on a bad row
-        wanted = row.name.split("_staleness")[0]
+        wanted = row.name.split("_staleness")[0].removesuffix("_lora")
         assert config.algorithm_name == wanted, row
     async_rows = module.expand_algorithms(["async_ppo"])
     stalenesses = [configured(row).max_head_offpolicyness for row in async_rows]
     assert stalenesses == [1, 2]
     assert configured(module.ROW_BY_NAME["appo"]).prm_model_name_or_path == "arithmetic_steps"
     assert configured(module.ROW_BY_NAME["reinforce_rebn"]).env_name == "guess_number"
+    assert configured(module.ROW_BY_NAME["grpo_lora"]).lora.rank > 0
     assert [r.name for r in module.expand_algorithms(["ppo", "grpo", "ppo"])] == ["grpo", "ppo"]  # table order, once
     with pytest.raises(ValueError, match="'?chess'?"):
         module.expand_algorithms(["chess"])
