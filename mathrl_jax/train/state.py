@@ -67,7 +67,12 @@ def model_params(params: Any, frozen: Any = None) -> Any:
     """The policy's whole `nnx.State`: the trained `params` (`TrainState.params`) joined with the `frozen` part a
     LoRA run does not train (its base weights), or `params` alone (None: every weight trains). No array is
     copied: the base is held once, beside the state, never donated and never checkpointed."""
-    return params if frozen is None else nnx.merge_state(frozen, params)
+    if frozen is None:
+        return params
+    # Rebuilt leaf by leaf: `merge_state` hands back the Variables of its inputs, and a model merged from Variables
+    # made at an outer trace level cannot be split again inside a lifted transform (remat's `nnx.remat`: flax's
+    # TraceContextError "Cannot mutate Param from a different trace level").
+    return jax.tree.map(lambda x: x, nnx.merge_state(frozen, params))
 
 
 SCHEDULES = ("constant", "linear", "cosine")

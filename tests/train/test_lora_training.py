@@ -39,7 +39,7 @@ def _paths(tree):
 def test_a_lora_run_trains_its_adapters_alone(model_dir, tmp_path):  # noqa: F811
     """(That the step is right: `test_update.test_a_lora_step_is_the_chain_rule_of_the_full_step`; that it learns:
     the slow learning test.)"""
-    config = small_config(model_dir, tmp_path / "run", kl_coef=0.01, **LORA)  # the reference shares the base
+    config = small_config(model_dir, tmp_path / "run", num_iterations=3, kl_coef=0.01, **LORA)  # ref: the base
     summary, history = run_and_record(config)
     assert all(np.isfinite(m["train/kl"]) and m["train/skipped_updates"] == 0 for _, m in history)
     assert history[-1][1]["train/kl"] > 0  # the policy left the reference (its adapters at B = 0)
@@ -105,6 +105,7 @@ def test_a_lora_resume_onto_other_base_weights_is_refused_before_writing(tmp_pat
     assert sorted(os.listdir(run_dir / "checkpoints")) == ["2"]
 
 
+@pytest.mark.slow
 def test_a_sharded_lora_run_trains_as_an_unsharded_one(model_dir, tmp_path):  # noqa: F811
     """The adapters' partition rules under fsdp x tp (A split like its kernel's input, B like its output)."""
     settings = dict(num_iterations=2, **LORA)
@@ -118,6 +119,7 @@ def test_a_sharded_lora_run_trains_as_an_unsharded_one(model_dir, tmp_path):  # 
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_export_hf_merges_a_lora_checkpoint_into_its_base_and_refuses_another_base(model_dir, tmp_path):  # noqa: F811
     import subprocess
     import sys
@@ -138,3 +140,18 @@ def test_export_hf_merges_a_lora_checkpoint_into_its_base_and_refuses_another_ba
     done = subprocess.run([*export, "--like", other, "--out", str(tmp_path / "out2")], capture_output=True, text=True)
     assert done.returncode == 2 and "differs" in done.stderr, done.stderr
     assert not os.path.exists(tmp_path / "out2")
+
+
+@pytest.mark.parametrize(
+    "scan_layers", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unrolled", "scanned"]
+)
+def test_a_lora_run_with_remat_trains_as_without_it(scan_layers, model_dir, tmp_path):  # noqa: F811
+    """Remat and several micro-batches: the adapted model is rebuilt inside NNX's lifted transform, which failed
+    (TraceContextError) while the joined state handed it the base's Variables of the outer trace."""
+    settings = dict(num_iterations=2, micro_batch_size=2, packing=False, scan_layers=scan_layers, **LORA)
+    _, plain = run_and_record(small_config(model_dir, tmp_path / "plain", **settings))
+    _, remat = run_and_record(small_config(model_dir, tmp_path / "remat", remat=True, **settings))
+    for (i, a), (j, b) in zip(plain, remat):
+        assert i == j
+        for key in ("rollout/rewards", "train/policy_loss", "train/grad_norm"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
