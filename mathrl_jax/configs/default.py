@@ -56,8 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     # models.attention.auto_attention), "blocked", "xla", or "cudnn".
     config.attention = "auto"
     # LoRA (models/lora.py): rank > 0 trains low-rank adapters on the named projections ("q_proj,v_proj" as OpenR,
-    # "all-linear" for every decoder projection) with the base frozen; the optimizer and the checkpoints hold the
-    # adapters alone. alpha / rank scales them (PEFT's lora_alpha). rank 0: every weight trains.
+    # "all-linear" for every decoder projection) with the base frozen; the policy's optimizer state and checkpoint
+    # hold its adapters alone (a critic still trains every weight). alpha / rank scales them (PEFT's lora_alpha).
+    # rank 0: every weight trains.
     config.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": "q_proj,v_proj"})
 
     # --- data --------------------------------------------------------------------------

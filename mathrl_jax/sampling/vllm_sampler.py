@@ -37,6 +37,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import jax
@@ -271,6 +272,8 @@ class VllmSampler:
         self.last_sync_seconds = float("nan")
         self.lora_request = None  # the adapters of the last sync (lora_sync="adapter")
         self._adapter_root = tempfile.mkdtemp(prefix="vllm_adapters_") if self.adapter_sync else None
+        if self._adapter_root is not None:  # removed with the sampler (or at exit)
+            weakref.finalize(self, shutil.rmtree, self._adapter_root, ignore_errors=True)
 
     # ------------------------------------------------------------------ weights
 
@@ -298,11 +301,14 @@ class VllmSampler:
 
         from mathrl_jax.models import peft_adapters
 
-        directory = os.path.join(self._adapter_root, f"version_{int(version)}")
+        # Named by the request's own id, not the version: the same version is synced again (the asynchronous
+        # generator's first batch, an evaluation's current weights), and its new directory must not be the one
+        # removed below as the previous request's.
+        self._lora_id = getattr(self, "_lora_id", 0) + 1
+        directory = os.path.join(self._adapter_root, f"request_{self._lora_id}_version_{int(version)}")
         peft_adapters.export_adapters(state, self.config, directory)
         previous = self.lora_request
-        self._lora_id = getattr(self, "_lora_id", 0) + 1
-        self.lora_request = LoRARequest(f"policy_v{int(version)}", self._lora_id, directory)
+        self.lora_request = LoRARequest(f"policy_v{int(version)}_{self._lora_id}", self._lora_id, directory)
         if previous is not None:  # no request uses it any more: free vLLM's slot and the files
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)

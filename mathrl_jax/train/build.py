@@ -268,6 +268,9 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     shape_floors: Dict[str, Any] = {}
     base_record = lora_base_record(start_dir) if frozen is not None else None
     if config.resume and checkpointer.latest_step() is not None:
+        # Before the restore, whose tree check would refuse adapters against full weights with a list of keys
+        latest = checkpointer.latest_step()
+        check_lora_base(checkpointer.read_metadata(latest).get(LORA_BASE_KEY), base_record, latest)
         state, metadata = checkpointer.restore(state)
         check_lora_base(metadata.get(LORA_BASE_KEY), base_record, checkpointer.restored_step)
         loader.restore(metadata["data"])

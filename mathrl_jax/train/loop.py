@@ -331,7 +331,8 @@ def train(
         summary["final_iteration"] = total
         final = os.path.join(settings.run_dir, "final_model")
         # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
-        if settings.export_final and (total > run.start_iteration or not os.path.isdir(final)):
+        adapter_missing = run.lora_base is not None and not os.path.isdir(os.path.join(settings.run_dir, FINAL_ADAPTER))
+        if settings.export_final and (total > run.start_iteration or not os.path.isdir(final) or adapter_missing):
             export_final_model(run, final)
     finally:
         source.close()

@@ -85,6 +85,12 @@ def check_resumed_config(config, run_dir: str) -> None:
         return  # nothing trained yet
     with open(path) as f:
         saved = dict(flat_items(json.load(f)))
+    # A key the saved run's version did not have yet ran at its default, which keeps the older behaviour (a run
+    # saved before `lora` existed trained every weight: lora.rank 0).
+    from mathrl_jax.configs import default
+
+    defaults = dict(flat_items(json.loads(json.dumps(default.get_config().to_dict(), default=str))))
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     # The config as `_write_config` saved it: tuples as lists, other objects as strings.
     current = dict(flat_items(json.loads(json.dumps(config.to_dict(), default=str))))
     allowed = allowed_resume_changes(config)

@@ -46,6 +46,12 @@ def normalize_config(config) -> None:
         if isinstance(config[key], str):
             config[key] = config[key].lower()
     config.algorithm_name = ALGORITHM_SPELLINGS.get(config.algorithm_name, config.algorithm_name)
+    from mathrl_jax.models import lora
+
+    try:  # one spelling of a target list ("v_proj, q_proj" is "q_proj,v_proj"): a resume compares it as text
+        config.lora.targets = ",".join(lora.resolve_targets(config.lora.targets))
+    except (ValueError, TypeError):
+        pass  # refused by validate_values, naming it
 
 
 # (dotted key, lowest, highest, whether the lowest is allowed): a value outside is refused, naming both.
@@ -118,6 +124,8 @@ def validate_values(config) -> None:
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
     if c.vllm.lora_sync not in ("merged", "adapter"):
         fail(f"vllm.lora_sync={c.vllm.lora_sync!r}: expected 'merged' or 'adapter'")
+    if c.sampler == "vllm" and c.vllm.lora_sync == "adapter" and isinstance(c.lora.rank, int) and c.lora.rank > 512:
+        fail(f"lora.rank={c.lora.rank} with vllm.lora_sync='adapter': vLLM's LoRA takes ranks up to 512")
     if c.lora.rank:
         from mathrl_jax.models import lora
 

@@ -79,6 +79,10 @@ def test_a_lora_policy_samples_as_the_trainer_scores_it_after_each_sync(tiny, mo
         assert gaps[2 - version] > 100 * LOGPROB_ATOL, (mode, gaps)  # the other adapters: far off
     if mode == "adapter":  # the previous version's adapter files are gone
         assert len(os.listdir(engine._adapter_root)) == 1
+    # The same version synced again (the asynchronous generator does, and an evaluation): still sampled as scored
+    engine.update_weights(tiny.states[1], version=2)
+    rollouts = engine.generate(tiny.prompts, params)
+    assert _gap(tiny, tiny.states[1], rollouts) < LOGPROB_ATOL
 
 
 def test_an_unknown_lora_sync_is_refused(tiny):

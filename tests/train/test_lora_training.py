@@ -80,7 +80,8 @@ def test_a_lora_resume_is_bit_identical_and_its_checkpoints_hold_adapters_only(m
     assert params and all("/lora/" in name for name in params), params
     assert not any(name.endswith(("kernel", "embedding")) for name in saved)
     assert metadata["lora_base"]["path"] == os.path.abspath(model_dir) and len(metadata["lora_base"]["sha256"]) == 64
-    resumed, resumed_history = run_and_record(small_config(model_dir, tmp_path / "b", num_iterations=4, **LORA))
+    respelled = dict(LORA, **{"lora.targets": "up_proj, v_proj,q_proj"})  # the same targets, another spelling
+    resumed, resumed_history = run_and_record(small_config(model_dir, tmp_path / "b", num_iterations=4, **respelled))
     assert [i for i, _ in resumed_history] == [3, 4]
     for a, b in zip(
         jax.tree.leaves(jax.device_get(straight["state"])), jax.tree.leaves(jax.device_get(resumed["state"]))
@@ -155,3 +156,43 @@ def test_a_lora_run_with_remat_trains_as_without_it(scan_layers, model_dir, tmp_
         assert i == j
         for key in ("rollout/rewards", "train/policy_loss", "train/grad_norm"):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-7, err_msg=key)
+
+
+def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path):  # noqa: F811
+    """Also one saved before `lora` existed (its config.json without the section: it trained every weight): the
+    config check names lora.rank; allowed to change, the checkpoint's kind is named before any restore."""
+    import json
+
+    run_dir = tmp_path / "run"
+    run_and_record(small_config(model_dir, run_dir, num_iterations=2, save_interval=2))
+    saved = json.loads((run_dir / "config.json").read_text())
+    del saved["lora"]
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(TrainingError, match=r"lora\.rank: 0 -> 4"):
+        loop.train(small_config(model_dir, run_dir, num_iterations=4, **LORA))
+    allowed = dict(LORA, resume_allow_changes="lora.rank,lora.alpha,lora.targets")
+    with pytest.raises(TrainingError, match="checkpoint 2 trained every weight, this run trains LoRA adapters"):
+        loop.train(small_config(model_dir, run_dir, num_iterations=4, **allowed))
+
+
+def test_a_finished_lora_run_without_its_adapters_exports_them_when_rerun(model_dir, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    run_and_record(small_config(model_dir, run_dir, num_iterations=1, **LORA))
+    adapters = (run_dir / loop.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(run_dir / loop.FINAL_ADAPTER)  # killed between the two exports
+    run_and_record(small_config(model_dir, run_dir, num_iterations=1, **LORA))
+    assert (run_dir / loop.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes() == adapters
+
+
+@pytest.mark.parametrize("algorithm", ["appo", "async_ppo"])
+def test_lora_trains_with_a_critic_and_asynchronously(algorithm, model_dir, tmp_path):  # noqa: F811
+    """The policy's adapters beside a critic of every weight (APPO), and the asynchronous generator sampling with
+    the joined model of an older version (async_ppo)."""
+    settings = dict(num_iterations=2, algorithm_name=algorithm, **LORA)
+    settings.update({"appo": {"step_separator": "+"}, "async_ppo": {"max_head_offpolicyness": 1}}[algorithm])
+    summary, history = run_and_record(small_config(model_dir, tmp_path / algorithm, **settings))
+    assert all(np.isfinite(m["train/policy_loss"]) and m["train/skipped_updates"] == 0 for _, m in history)
+    assert all("/lora/lora_" in p for p in _paths(summary["state"].params))
+    if algorithm == "appo":
+        assert all(np.isfinite(m["train/value_loss"]) for _, m in history)
+        assert any("score/kernel" in p for p in _paths(summary["state"].critic_params))
