@@ -23,7 +23,7 @@ def test_bench_lora_compares_full_and_lora_updates_and_both_samplings():
     rows = dict(re.findall(r"^\| (full|lora [^|]+) \| [\d.]+ \| [\d.]+ \| ([\d.]+)x \|", result.stdout, re.M))
     assert float(rows["full"]) == 1.0
     # rank 8 on q and v of a 128-wide model: adapters and their two moments, a few percent of the full state
-    assert float(rows["lora r8 q_proj,v_proj "]) < 0.05, rows
+    assert float(rows["lora r8 q_proj,v_proj"]) < 0.05, rows
     assert "the same tokens for 100% of the prompts" in result.stdout
 
 
