@@ -35,6 +35,7 @@ from mathrl_jax.models.attention import (
     cache_attention,
     full_attention,
     full_sequence_attention,
+    materialize,
     rope_tables,
 )
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
@@ -248,19 +249,6 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), layer_cache
 
 
-def _materialize(x: chex.Array) -> chex.Array:
-    """`x`, computed once into memory: `x @ I` (exact at HIGHEST precision, a few MFLOP).
-
-    XLA fuses elementwise producers into each consumer, so RoPE's cos and sin
-    would be recomputed in every fusion that reads them, once per head and layer
-    (transcendental functions: 4x slower RoPE forward+backward on CPU). A dot is
-    never fused into its consumers; `jax.lax.optimization_barrier` does not help,
-    as XLA:CPU removes barriers before fusion.
-    """
-    eye = jnp.eye(x.shape[-1], dtype=x.dtype)
-    return jnp.einsum("...i,ij->...j", x, eye, precision=jax.lax.Precision.HIGHEST)
-
-
 def _remat_layer(layer, x, positions, allowed, layer_cache, cache_index, rope):
     return layer(x, positions, allowed, layer_cache, cache_index, rope)
 
@@ -290,7 +278,7 @@ class QwenModel(nnx.Module):
     def __call__(self, input_ids, positions, allowed, cache: Optional[KVCache] = None, cache_index=None):
         c = self.config
         x = constrain_batch(self.embed_tokens(input_ids))
-        rope = tuple(_materialize(t) for t in rope_tables(positions, c.head_dim, c.rope_theta, x.dtype))
+        rope = tuple(materialize(t) for t in rope_tables(positions, c.head_dim, c.rope_theta, x.dtype))
         new_keys, new_values = [], []
         # Remat trades compute for activation memory in a backward pass; a pass with a KV cache (the sampler's
         # prefill and decode) has none, and nnx.remat inside the decode loop would try to update the module

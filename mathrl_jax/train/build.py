@@ -37,6 +37,7 @@ from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encod
 from mathrl_jax.train.resume import check_resumed_config
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
+from mathrl_jax.train.state import place_state
 from mathrl_jax.train.validation import TrainingError, fail, validate_config
 from mathrl_jax.train.warmstart import warm_start, warmstart_examples
 
@@ -359,32 +360,6 @@ def _write_config(config, run_dir: str) -> None:
 PENDING_KEY = "pending_rollouts"
 SHAPES_KEY = "shape_floors"
 """Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
-
-
-def place_state(state: state_lib.TrainState, mesh, rules) -> state_lib.TrainState:
-    """Every leaf on the mesh: params and optimizer states by the partition rules, scalars replicated.
-
-    Done before a restore too, so restored leaves land on the same shardings (the checkpoint takes the
-    target's) and the jitted update sees one device set.
-    """
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-    def put(tree):
-        return None if tree is None else sharding.shard_tree(tree, mesh, rules)
-
-    def put_optimizer_state(tree):
-        return None if tree is None else distributed.put(tree, sharding.optimizer_state_shardings(tree, mesh, rules))
-
-    return state.replace(
-        params=put(state.params),
-        opt_state=put_optimizer_state(state.opt_state),
-        critic_params=put(state.critic_params),
-        critic_opt_state=put_optimizer_state(state.critic_opt_state),
-        **{
-            k: distributed.put(getattr(state, k), replicated)
-            for k in ("step", "rng", "policy_version", "skipped_updates")
-        },
-    )
 
 
 def _make_sampler(config, model_dir, model, codec, sampler_args):

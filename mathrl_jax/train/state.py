@@ -15,6 +15,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from mathrl_jax import sharding
+from mathrl_jax.sharding import distributed
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -158,3 +161,29 @@ def make_optimizer(
         raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
     optimizer = optax.chain(*parts)
     return (optimizer, lr) if return_schedule else optimizer
+
+
+def place_state(state: TrainState, mesh, rules) -> TrainState:
+    """Every leaf on the mesh: params and optimizer states by the partition rules, scalars replicated.
+
+    Done before a restore too, so restored leaves land on the same shardings (the checkpoint takes the
+    target's) and the jitted update sees one device set.
+    """
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def put(tree):
+        return None if tree is None else sharding.shard_tree(tree, mesh, rules)
+
+    def put_optimizer_state(tree):
+        return None if tree is None else distributed.put(tree, sharding.optimizer_state_shardings(tree, mesh, rules))
+
+    return state.replace(
+        params=put(state.params),
+        opt_state=put_optimizer_state(state.opt_state),
+        critic_params=put(state.critic_params),
+        critic_opt_state=put_optimizer_state(state.critic_opt_state),
+        **{
+            k: distributed.put(getattr(state, k), replicated)
+            for k in ("step", "rng", "policy_version", "skipped_updates")
+        },
+    )
