@@ -7,8 +7,9 @@ sampler (applied in the JAX sampler's passes or merged into its weights; vLLM's 
    the training state's bytes (params and AdamW moments: what the optimizer holds), XLA's memory analysis
    (arguments + outputs + temporaries - donated aliases), and the ratio of each to full fine-tuning. Then one
    real step of each in a fresh process, timed after its compile: seconds and the process's peak resident memory.
-2. The JAX sampler: the same prompts decoded greedily by the adapted model (adapters applied in each projection)
-   and by the plain model holding the merged kernels, each timed after a warm-up call, with the merge's own time.
+2. The JAX sampler's `lora_sync`s: the same prompts decoded greedily by the adapted model (`"adapter"`: adapters
+   applied in each projection) and by the plain model holding the merged kernels (`"merged"`), each timed after a
+   warm-up call, with a merged sync's own time.
 3. With `--vllm` (vLLM installed): the same for two engines on the same base, `lora_sync="merged"` and
    `lora_sync="adapter"` (vLLM's LoRA and a `LoRARequest`): a sync and a generate call each.
 
@@ -107,6 +108,7 @@ def one_real_step(shape: str, layers: int, lora: dict, rows: int, length: int) -
         skipped=int(state.skipped_updates),
         loss=float(metrics["loss"]),
         peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_device=(jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use"),  # None on the CPU
     )
 
 
@@ -122,7 +124,7 @@ def adapted_model(shape: str, layers: int, lora: dict, directory: str):
     fields.update({f: getattr(config, f) for f in ("num_attention_heads", "num_key_value_heads", "head_dim")})
     fields["vocab_size"] = config.vocab_size
     write_tiny_checkpoint(directory, seed=0, **fields)
-    model = hf.load_model(directory, **lora)
+    model = hf.load_model(directory, param_dtype="float32", dtype="bfloat16", **lora)  # the trainer's numerics
     graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
     adapters = jax.tree.map(lambda x: x + 0.01, adapters)
     return nnx.merge(graphdef, adapters, rest)
@@ -136,35 +138,30 @@ def timed(fn, repeats: int = 2) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def jax_sampler_times(model, directory: str, prompts, max_new_tokens: int) -> dict:
+def jax_sampler_times(model, prompts, max_new_tokens: int) -> dict:
+    """The JAX sampler's two `lora_sync`s on the same adapted model: greedy generate time of each (after a warm-up
+    call), and the merged one's sync (`lora.merged_state`, timed after its compile)."""
     import jax
     from flax import nnx
 
-    from mathrl_jax.models import hf
     from mathrl_jax.sampling import JaxSampler, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     state = nnx.state(model)
-    adapted = JaxSampler(model, eos_token_ids=[-1], pad_token_id=0)
-    plain_model = hf.load_model(directory, dtype=model.config.dtype)
-    merge_start = time.perf_counter()
-    merged = {name: value for name, value in hf.hf_tensors(state, hf.parameter_table(model.config))}
-    jax.block_until_ready(merged)
-    merge_seconds = time.perf_counter() - merge_start
-    plain_state = nnx.state(plain_model)
-    for name, spec in hf.parameter_table(plain_model.config).items():
-        node = plain_state
-        for key in spec.path[:-1]:
-            node = node[key]
-        node[spec.path[-1]].value = merged[name].T if spec.transpose else merged[name]
-    plain = JaxSampler(nnx.merge(nnx.graphdef(plain_model), plain_state), eos_token_ids=[-1], pad_token_id=0)
+    adapted = JaxSampler(model, eos_token_ids=[-1], pad_token_id=0, lora_sync="adapter")
+    merged = JaxSampler(model, eos_token_ids=[-1], pad_token_id=0, lora_sync="merged")  # compiles the merge
+
+    def sync():
+        merged.update_weights(state, 1)
+        jax.block_until_ready(merged.state)
+
     got = adapted.generate(prompts, params)
-    want = plain.generate(prompts, params)
+    want = merged.generate(prompts, params)
     same = sum(a == b for a, b in zip(got.completion_ids, want.completion_ids)) / len(prompts)
     return dict(
         adapters=timed(lambda: adapted.generate(prompts, params)),
-        merged=timed(lambda: plain.generate(prompts, params)),
-        merge=merge_seconds,
+        merged=timed(lambda: merged.generate(prompts, params)),
+        merge=timed(sync),
         same_tokens=same,
     )
 
@@ -228,15 +225,16 @@ def main(argv=None) -> int:
     layers = args.layers or SHAPES[args.shape].get("num_hidden_layers", "the tiny model's")
     print(f"update step, {args.shape} ({layers} layers), {args.rows} x {args.length} tokens, AdamW, bf16 compute\n")
     print("| variant | trained (GiB) | training state (GiB) | vs full | frozen base (GiB) | needs (GiB) | vs full |"
-          " step (s) | vs full | peak RSS (GiB) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          " step (s) | vs full | peak RSS (GiB) | peak device (GiB) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     full, full_step = needs["full"], steps.get("full")
     for name, r in needs.items():
         s = steps.get(name)
         timing = (
-            f"{s['seconds']:.2f} | {s['seconds'] / full_step['seconds']:.2f}x | {gib(s['peak_rss'])}"
+            f"{s['seconds']:.2f} | {s['seconds'] / full_step['seconds']:.2f}x | {gib(s['peak_rss'])} | "
+            + (gib(s["peak_device"]) if s["peak_device"] else "-")
             if s
-            else "- | - | -"
+            else "- | - | - | -"
         )
         print(
             f"| {name} | {gib(r['trained'])} | {gib(r['state'])} | {r['state'] / full['state']:.4f}x | "
@@ -252,12 +250,12 @@ def main(argv=None) -> int:
         model = adapted_model(args.shape, args.layers, lora, directory)
         rng = np.random.default_rng(0)
         prompts = [list(rng.integers(3, 90, 12)) for _ in range(args.prompts)]
-        j = jax_sampler_times(model, directory, prompts, args.new_tokens)
+        j = jax_sampler_times(model, prompts, args.new_tokens)
         ratio = j["adapters"] / j["merged"]
         print(
             f"\nJAX sampler, {args.prompts} prompts x {args.new_tokens} greedy tokens: adapters applied "
             f"{j['adapters']:.3f} s, merged weights {j['merged']:.3f} s (adapters / merged {ratio:.2f}x); "
-            f"merging took {j['merge']:.3f} s; the same tokens for {j['same_tokens']:.0%} of the prompts"
+            f"a merged sync took {j['merge']:.3f} s; the same tokens for {j['same_tokens']:.0%} of the prompts"
         )
         if args.vllm:
             v = vllm_times(model, directory, prompts, args.new_tokens)

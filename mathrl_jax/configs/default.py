@@ -81,7 +81,11 @@ def get_config() -> ml_collections.ConfigDict:
     # prefill + decode; a batch over it runs in sub-batches of prompts (same samples). An out-of-memory names it.
     # compact_interval: every this many decode steps the running rows move into a batch a quarter as large once
     # they fit (same samples; 0 = never): a long answer's tail stops paying for the rows that have finished.
-    config.jax_sampler = ml_collections.ConfigDict({"kv_cache_gib": 16.0, "compact_interval": 256})
+    # jax_sampler.lora_sync: a LoRA policy reaches the JAX sampler merged into its kernels at each sync ("merged",
+    # the faster: docs/training.md#lora) or as adapters applied in each projection ("adapter": no kernel copied)
+    config.jax_sampler = ml_collections.ConfigDict(
+        {"kv_cache_gib": 16.0, "compact_interval": 256, "lora_sync": "merged"}
+    )
     # The vLLM engine (sampler="vllm"; docs/vllm.md). kv_cache_gib: the KV cache's size, host memory on vLLM's CPU
     # build, GPU memory on a GPU; it bounds the tokens in flight, not a request's length. dtype: the engine's
     # weights and compute, "" = config.dtype (a bfloat16 engine beside a float32 trainer: consider tis_cap).

@@ -14,6 +14,10 @@ import numpy as np
 
 FINISH_REASONS = ("stop", "length", "abort")
 
+LORA_SYNCS = ("merged", "adapter")
+"""How a sampler takes a LoRA policy's weights at each sync: its adapters merged into their kernels, or applied as
+adapters (each sampler's `lora_sync` argument says what that means for it)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:

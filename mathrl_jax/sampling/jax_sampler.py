@@ -21,6 +21,7 @@ of `stop_check_interval` tokens and the host checks the new text between chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Any, Optional, Sequence, Union
@@ -31,8 +32,9 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax.errors import MathRLError
+from mathrl_jax.models import lora
 from mathrl_jax.models.qwen import QwenForCausalLM
-from mathrl_jax.sampling.base import Rollouts, SamplingParams, first_stop_string
+from mathrl_jax.sampling.base import LORA_SYNCS, Rollouts, SamplingParams, first_stop_string
 from mathrl_jax.sampling.decoding import (
     MAX_STOP_TOKENS,
     ROW_OUTPUTS,
@@ -79,6 +81,10 @@ class JaxSampler:
         (a quarter, or a quarter of that, ...) when they fit in one, so finished rows stop costing decode
         steps; each row draws what it draws without it. None: finished rows ride along to the end. Not with
         stop strings (their host checks index the rows) nor across processes.
+      lora_sync: for a LoRA model (`config.lora_rank > 0`), "merged" (each `update_weights` merges the adapters
+        into their kernels, `lora.merged_state`, and the sampler decodes a plain model: one matmul per
+        projection; a copy of each adapted kernel) or "adapter" (the adapters applied in every projection, the
+        trainer's arrays shared). Measured in docs/training.md#lora: merged is the faster here.
     """
 
     def __init__(
@@ -96,9 +102,18 @@ class JaxSampler:
         policy_version: int = 0,
         kv_cache_gib: Optional[float] = None,
         compact_interval: Optional[int] = None,
+        lora_sync: str = "merged",
     ):
+        if lora_sync not in LORA_SYNCS:
+            raise ValueError(f"JaxSampler: lora_sync={lora_sync!r}; expected one of {LORA_SYNCS}")
         self.config = model.config
         self.graphdef, state = nnx.split(model)
+        # A LoRA model merged at each sync decodes as the plain model of its shape (its graph, no adapters).
+        self._merge_scaling = None
+        if model.config.lora_rank > 0 and lora_sync == "merged":
+            self._merge_scaling = model.config.lora_alpha / model.config.lora_rank
+            plain = dataclasses.replace(model.config, lora_rank=0)
+            self.graphdef = nnx.graphdef(nnx.eval_shape(lambda: QwenForCausalLM(plain, rngs=nnx.Rngs(0))))
         self._prefill, self._decode = prefill, decode  # module-level jitted programs; the static arguments key them
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
@@ -128,6 +143,8 @@ class JaxSampler:
 
     def update_weights(self, state: nnx.State, version: int) -> None:
         """Uses `state` (the policy's NNX state, e.g. the trainer's params) from now on."""
+        if self._merge_scaling is not None:
+            state = lora.merged_state(state, self._merge_scaling)
         if self.mesh is not None:
             from mathrl_jax.sharding.rules import shard_tree
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from mathrl_jax.models import hf
 from mathrl_jax.models.qwen import QwenConfig
-from mathrl_jax.sampling.base import Rollouts, SamplingParams
+from mathrl_jax.sampling.base import LORA_SYNCS, Rollouts, SamplingParams
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -55,7 +55,6 @@ VLLM_MISSING = (
 )
 
 
-LORA_SYNCS = ("merged", "adapter")
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 
 

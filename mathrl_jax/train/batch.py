@@ -293,7 +293,14 @@ def sampler_correction(settings, batch: Dict[str, Any], trainer_logprobs: np.nda
 
 
 def old_logprobs_from_sampler(
-    old_logprobs: str, *, sampler: str, tis_cap, temperature: float, decoupled: bool, multi_turn: bool
+    old_logprobs: str,
+    *,
+    sampler: str,
+    tis_cap,
+    temperature: float,
+    decoupled: bool,
+    multi_turn: bool,
+    rounded_merge: bool = False,
 ) -> bool:
     """Whether PPO's old log-probs are the sampler's (`config.old_logprobs`), not recomputed by the trainer.
 
@@ -302,7 +309,9 @@ def old_logprobs_from_sampler(
     recomputation gives the same numbers up to float rounding (`rollout/sampler_logprob_diff`, ~1e-7 in float32),
     and skipping it saves a forward pass over the batch. The decoupled loss (async_ppo) needs both, multi-turn
     rows hold the environment's tokens, and another engine (vLLM) computes them with its own kernels: those
-    recompute.
+    recompute. So does a LoRA policy the JAX sampler merges into kernels of a compute dtype below float32
+    (`rounded_merge`): the merged kernel is rounded as a whole, where the trainer adds the adapters' term to the
+    base's, so their log-probs differ by more than the rounding of one computation.
     """
     if old_logprobs != "auto":
         return old_logprobs == "sampler"
@@ -312,6 +321,7 @@ def old_logprobs_from_sampler(
         and temperature == 1.0
         and not decoupled
         and not multi_turn
+        and not rounded_merge
     )
 
 

@@ -210,6 +210,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         tokenizer=codec,
         kv_cache_gib=config.jax_sampler.kv_cache_gib,
         compact_interval=config.jax_sampler.compact_interval or None,
+        lora_sync=config.jax_sampler.lora_sync,
     )
     evaluation = sections.eval_settings(config)
     game = sections.game_settings(config)

@@ -98,6 +98,7 @@ def uses_sampler_logprobs(config) -> bool:
         temperature=config.temperature,
         decoupled=algorithm.decoupled,
         multi_turn=bool(config.env_name),
+        rounded_merge=bool(config.lora.rank) and config.jax_sampler.lora_sync == "merged" and config.dtype != "float32",
     )
 
 

@@ -12,6 +12,7 @@ from mathrl_jax.data import prompts, sources
 from mathrl_jax.envs import MULTI_TURN_ENVS
 from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import qwen
+from mathrl_jax.sampling.base import LORA_SYNCS
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update_config as update_lib
@@ -122,8 +123,9 @@ def validate_values(config) -> None:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
-    if c.vllm.lora_sync not in ("merged", "adapter"):
-        fail(f"vllm.lora_sync={c.vllm.lora_sync!r}: expected 'merged' or 'adapter'")
+    for section in ("vllm", "jax_sampler"):
+        if c[section].lora_sync not in LORA_SYNCS:
+            fail(f"{section}.lora_sync={c[section].lora_sync!r}: expected 'merged' or 'adapter'")
     if c.sampler == "vllm" and c.vllm.lora_sync == "adapter" and isinstance(c.lora.rank, int) and c.lora.rank > 512:
         fail(f"lora.rank={c.lora.rank} with vllm.lora_sync='adapter': vLLM's LoRA takes ranks up to 512")
     if c.lora.rank:

@@ -1,6 +1,8 @@
 """LoRA adapters: the adapted forward equals the merged plain model's, PEFT's layout and numerics (transformers +
 peft as the reference), the partition rules place adapters like their base weights."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,3 +122,24 @@ def test_partition_rules_place_adapters_like_their_base_weights():
         kernel, adapter = layer[block][name]["kernel"], layer[block][name]["lora"]
         assert tuple(adapter["lora_a"]) == (kernel[0], None), name
         assert tuple(adapter["lora_b"]) == (None, kernel[1]), name
+
+
+def test_merge_adapters_gives_the_plain_model_of_the_adapted_one(base_dir):
+    """`lora.merge_adapters`: the plain model's state (no adapter left) computes what the adapted model does, and
+    every tensor an adapter does not touch is passed through, not copied."""
+    adapted = _perturbed(hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS))
+    state = nnx.state(adapted)
+    merged = lora.merged_state(state, adapted.config.lora_alpha / adapted.config.lora_rank)
+    flat, merged_flat = dict(nnx.to_flat_state(state)), dict(nnx.to_flat_state(merged))
+    assert not any(lora.is_adapter(path) for path in merged_flat)
+    assert set(merged_flat) == {path for path in flat if not lora.is_adapter(path)}
+    plain_config = dataclasses.replace(adapted.config, lora_rank=0)
+    plain = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: QwenForCausalLM(plain_config, rngs=nnx.Rngs(0)))), merged)
+    got, want = np.asarray(plain(_ids())[0]), np.asarray(adapted(_ids())[0])
+    base = np.asarray(hf.load_model(base_dir)(_ids())[0])
+    assert np.abs(got - want).max() < 1e-5 < 0.3 < np.abs(want - base).max()
+    unmerged = lora.merge_adapters(state, 2.0)  # not jitted: what passes through is the same array
+    q = ("model", "layers", 0, "self_attn", "q_proj", "kernel")
+    k = ("model", "layers", 0, "self_attn", "k_proj", "kernel")
+    assert dict(nnx.to_flat_state(unmerged))[k].get_value() is flat[k].get_value()
+    assert not np.array_equal(dict(nnx.to_flat_state(unmerged))[q].get_value(), flat[q].get_value())

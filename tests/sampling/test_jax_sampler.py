@@ -378,3 +378,35 @@ def test_compaction_drops_finished_rows_and_samples_as_without_it(temperature):
     assert compacted.finish_reasons == plain.finish_reasons and compacted.stop_reasons == plain.stop_reasons
     for a, b in zip(compacted.logprobs + compacted.policy_logprobs, plain.logprobs + plain.policy_logprobs):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _lora_model(seed):
+    """The peaked tiny model with LoRA adapters on q, v and down, moved off B = 0 (`seed` draws them)."""
+    config = tiny_config(num_hidden_layers=2, lora_rank=4, lora_alpha=8.0, lora_targets="q_proj,v_proj,down_proj")
+    graphdef, adapters, base = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)), nnx.LoRAParam, ...)
+    base = jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 else x, base)
+    leaves, treedef = jax.tree.flatten(adapters)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    adapters = jax.tree.unflatten(treedef, [0.5 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    return nnx.merge(graphdef, adapters, base)
+
+
+def test_a_lora_policy_merged_at_each_sync_samples_as_the_adapted_model():
+    """`lora_sync="merged"` decodes a plain model (no adapter left in its graph) whose kernels are W + s A B; it
+    draws the tokens the adapted model draws, with its log-probs, and follows new adapters at each sync."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+    first, second = _lora_model(1), _lora_model(2)
+    merged = JaxSampler(first, pad_token_id=0, lora_sync="merged")
+    adapted = JaxSampler(first, pad_token_id=0, lora_sync="adapter")
+    assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.iter_graph(nnx.merge(merged.graphdef, merged.state)))
+    for version, model in enumerate((first, second)):
+        for sampler in (merged, adapted):
+            sampler.update_weights(nnx.state(model), version)
+        got, want = merged.generate(PROMPTS, params), adapted.generate(PROMPTS, params)
+        assert got.completion_ids == want.completion_ids and got.policy_version == version
+        for a, b in zip(got.policy_logprobs, want.policy_logprobs):
+            np.testing.assert_allclose(a, b, atol=2e-5)
+    fresh = JaxSampler(first, pad_token_id=0).generate(PROMPTS, params)
+    assert fresh.completion_ids != got.completion_ids  # the second adapters changed what is drawn
+    with pytest.raises(ValueError, match="lora_sync='both'"):
+        JaxSampler(first, pad_token_id=0, lora_sync="both")

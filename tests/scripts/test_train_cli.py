@@ -133,6 +133,7 @@ CASES = {
     "no grader workers": (lambda t: ["--config.reward.num_workers=0"], "reward.num_workers=0"),
     "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
     "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "vllm.lora_sync='both'"),
+    "unknown JAX sampler LoRA sync": (lambda t: ["--config.jax_sampler.lora_sync=no"], "jax_sampler.lora_sync='no'"),
     "LoRA alpha 0": (lambda t: ["--config.lora.rank=4", "--config.lora.alpha=0"], "lora.alpha=0"),
     "unknown LoRA target": (
         lambda t: ["--config.lora.rank=4", "--config.lora.targets=q_proj,qkv_proj"],

@@ -34,6 +34,13 @@ def test_old_logprobs_auto_takes_the_samplers_only_where_they_are_the_trainers(
     for overrides in ({"algorithm_name": "async_ppo"}, {"sampler": "vllm"}, {"old_logprobs": "trainer"}):
         assert not sections.uses_sampler_logprobs(small_config(model_dir, tmp_path / "run", **overrides))
     assert sections.uses_sampler_logprobs(small_config(model_dir, tmp_path / "run", old_logprobs="sampler"))
+    # A LoRA policy merged into bfloat16 kernels is rounded as a whole: not the trainer's numbers, so recomputed
+    lora = {"lora.rank": 4, "temperature": temperature}
+    merged_bf16 = small_config(model_dir, tmp_path / "run", dtype="bfloat16", **lora)
+    assert not sections.uses_sampler_logprobs(merged_bf16)
+    for overrides in ({"dtype": "float32"}, {"dtype": "bfloat16", "jax_sampler.lora_sync": "adapter"}):
+        config = small_config(model_dir, tmp_path / "run", **lora, **overrides)
+        assert sections.uses_sampler_logprobs(config) is expected
 
 
 def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, tmp_path):  # noqa: F811
