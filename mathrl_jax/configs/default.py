@@ -57,9 +57,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.attention = "auto"
     # LoRA (models/lora.py): rank > 0 trains low-rank adapters on the named projections ("q_proj,v_proj" as OpenR,
     # "all-linear" for every decoder projection) with the base frozen; the policy's optimizer state and checkpoint
-    # hold its adapters alone (a critic still trains every weight). alpha / rank scales them (PEFT's lora_alpha).
-    # rank 0: every weight trains.
-    config.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": "q_proj,v_proj"})
+    # hold its adapters alone. alpha / rank scales them (PEFT's lora_alpha). rank 0: every weight trains.
+    # share_critic_base: the critic (PPO family) is the policy's frozen base, adapters off, under OpenR's MLP value
+    # head, which alone trains (value_head.FrozenBaseCritic); False: a critic of its own that trains every weight.
+    config.lora = ml_collections.ConfigDict(
+        {"rank": 0, "alpha": 16.0, "targets": "q_proj,v_proj", "share_critic_base": False}
+    )
 
     # --- data --------------------------------------------------------------------------
     config.dataset_name = "arithmetic"  # arithmetic, or a layout: auto math500 gsm8k areal_boba

@@ -46,6 +46,8 @@ def get_config():
     config.lora.rank = 8  # OpenR's policy: LoRA r 8, alpha 16 on q_proj and v_proj (qwen_lora_agent.py), base frozen
     config.lora.alpha = 16.0
     config.lora.targets = "q_proj,v_proj"
+    # OpenR's critic (mat/models/critic.py): the policy's base with its adapters disabled, under a trained MLP head
+    config.lora.share_critic_base = True
     config.critic_lr = 5e-5
     config.warmup_steps = 0  # OpenR: constant learning rates
     config.adam_eps = 1e-5  # OpenR: opti_eps

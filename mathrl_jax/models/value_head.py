@@ -9,6 +9,7 @@ causal LM; `prm_step_scores` reads its verdict at the step tags.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence, Tuple
 
 import chex
@@ -53,6 +54,79 @@ class QwenCritic(nnx.Module):
         positions, allowed = full_sequence_attention(input_ids, **inputs)
         hidden, _ = self.model(input_ids, positions, allowed)
         return self.score(hidden.astype(jnp.float32))[..., 0]
+
+
+OPENR_HEAD_WIDTHS = (1024, 512)
+"""The hidden widths of OpenR's value head (`mat/models/critic.py`, `APPOCritic` / `TPPOCritic`: `v_head_mlp1`
+hidden -> 1024, `v_head_mlp2` 1024 -> 512, `v_head_mlp3` 512 -> 1, ReLU between, no biases)."""
+
+
+class MLPValueHead(nnx.Module):
+    """OpenR's value head: `V = w3 . relu(W2 relu(W1 h))`, float32, no biases. Initialised as torch's
+    `nn.Linear` is (what OpenR leaves it at): each kernel uniform in +-1/sqrt(fan_in)."""
+
+    def __init__(self, hidden_size: int, rngs: nnx.Rngs, widths: Sequence[int] = OPENR_HEAD_WIDTHS):
+        sizes = (hidden_size, *widths, 1)
+        self.layers = nnx.List(
+            [
+                nnx.Linear(
+                    n_in,
+                    n_out,
+                    use_bias=False,
+                    dtype=jnp.float32,
+                    param_dtype=jnp.float32,
+                    kernel_init=torch_linear_init,
+                    rngs=rngs,
+                )
+                for n_in, n_out in zip(sizes[:-1], sizes[1:])
+            ]
+        )
+
+    def __call__(self, hidden: chex.Array) -> chex.Array:
+        x = hidden.astype(jnp.float32)
+        for layer in self.layers[:-1]:
+            x = jax.nn.relu(layer(x))
+        return self.layers[-1](x)[..., 0]
+
+
+def torch_linear_init(key, shape, dtype=jnp.float32):
+    """torch's `nn.Linear` weight init, `kaiming_uniform_(a=sqrt(5))`: uniform in +-1/sqrt(fan_in) (`shape` is our
+    `[in, out]` kernel layout)."""
+    bound = 1.0 / jnp.sqrt(shape[0])
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class FrozenBaseCritic(nnx.Module):
+    """A LoRA run's critic as OpenR builds it: the policy's frozen base (its adapters off: the plain trunk, never
+    trained) under `MLPValueHead`. Its `model` sits where a causal LM's trunk does, so the policy's frozen base
+    (`frozen_trunk`) fills it, and the critic holds (and its optimizer trains) the head alone."""
+
+    def __init__(self, config: QwenConfig, rngs: nnx.Rngs):
+        self.config = config
+        self.model = QwenModel(config, rngs)
+        self.value_head = MLPValueHead(config.hidden_size, rngs)
+
+    def __call__(self, input_ids: chex.Array, **inputs: Optional[chex.Array]) -> chex.Array:
+        """`[B, T]` float32 values, as `QwenCritic`'s."""
+        positions, allowed = full_sequence_attention(input_ids, **inputs)
+        hidden, _ = self.model(input_ids, positions, allowed)
+        return self.value_head(hidden)
+
+
+def frozen_base_critic(policy_config: QwenConfig, seed: int = 0) -> Tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, head state) of a `FrozenBaseCritic` on a LoRA policy's base: the head made from `seed`, the trunk
+    left abstract (its weights are the policy's frozen base: `frozen_trunk`)."""
+    config = dataclasses.replace(policy_config, lora_rank=0)  # the base's graph: the adapters off
+    abstract = nnx.eval_shape(lambda: FrozenBaseCritic(config, rngs=nnx.Rngs(seed)))
+    graphdef, _ = nnx.split(abstract)
+    head = nnx.state(MLPValueHead(config.hidden_size, rngs=nnx.Rngs(seed)))
+    return graphdef, nnx.State({"value_head": head})
+
+
+def frozen_trunk(frozen: nnx.State) -> nnx.State:
+    """The trunk part (`model/...`) of a LoRA policy's frozen base: what `FrozenBaseCritic` shares with it (not
+    copied). Pure: it runs inside the jitted update on the base passed in."""
+    return nnx.State({"model": frozen["model"]})
 
 
 def critic_table(config: QwenConfig):

@@ -20,6 +20,7 @@ parameter sharding over "fsdp"):
 | a kernel's LoRA lora_a, lora_b     | [in, r], [r, out] | (its in-spec, None), (None, its out-spec) |
 | lm_head.kernel                     | [D, V]     | (fsdp, tp)      |
 | score (critic head)                | [D, 1], [1]| (fsdp, None), ()|
+| value_head (OpenR's MLP head)      | [D, 1024], ...| ()           |
 | every norm weight                  | [D]        | ()              |
 
 k/v projections are replicated over tp when tp does not divide the number of
@@ -79,6 +80,7 @@ def qwen_rules(num_key_value_heads: Optional[int] = None, tp: int = 1) -> Rules:
         (r"(^|/)lm_head/kernel$", P("fsdp", "tp")),
         (r"(^|/)score/kernel$", P("fsdp", None)),
         (r"(^|/)score/bias$", P()),
+        (r"(^|/)value_head/layers/\d+/kernel$", P()),  # OpenR's MLP head (value_head.MLPValueHead): small
         (r"norm/weight$", P()),
     )
 

@@ -114,6 +114,7 @@ class BatchMaker:
     values: Optional[Callable] = None
     ref_params: Any = None  # the whole reference model (`state_lib.model_params`)
     frozen: Any = None  # a LoRA run's base weights, which `state.params` (the adapters) are joined with
+    critic_frozen: Any = None  # a critic's untrained part (`value_head.frozen_trunk`), joined with its head
     shape_floors: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -215,7 +216,7 @@ def prepare_batch(
             ref = maker.logprobs(maker.ref_params, *inputs) * batch["response_mask"]
         values = None
         if maker.values is not None:
-            values = maker.values(state.critic_params, *inputs)
+            values = maker.values(model_params(state.critic_params, maker.critic_frozen), *inputs)
     if s.algorithm.decoupled:  # behaviour = the sampler's, proximal = the learner's now
         batch["old_logprobs"] = jnp.asarray(arrays["old_logprobs"])
         batch["proximal_logprobs"] = old

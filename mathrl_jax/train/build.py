@@ -240,10 +240,16 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     optimizer_settings, critic_optimizer_settings = sections.optimizer_settings_of(config)
     optimizer = state_lib.make_optimizer(**optimizer_settings)
     critic_graphdef = critic_params = critic_optimizer = None
-    if algorithm.critic:
+    critic_frozen = None
+    if algorithm.critic and config.lora.share_critic_base:  # OpenR's: the policy's frozen base under an MLP head
+        critic_graphdef, critic_params = value_head.frozen_base_critic(model.config, seed=config.seed)
+        critic_params = sharding.shard_tree(critic_params, mesh, rules)
+        critic_frozen = value_head.frozen_trunk(frozen)
+    elif algorithm.critic:
         critic = value_head.load_critic(start_dir, seed=config.seed, **numerics)
         critic_graphdef, critic_params = nnx.split(critic)
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
+    if algorithm.critic:
         critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings)
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
@@ -255,6 +261,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     # would free buffers another thread is reading.
     update_settings = dict(
         critic_graphdef=critic_graphdef,
+        critic_shares_base=critic_frozen is not None,
         donate=not algorithm.decoupled,
         state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
     )
@@ -296,6 +303,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         # The starting policy; a LoRA run's reference shares its base with the policy (its adapters a copy).
         ref_params=state_lib.model_params(jax.tree.map(jnp.copy, params), frozen) if needs_ref else None,
         frozen=frozen,
+        critic_frozen=critic_frozen,
         shape_floors=shape_floors,
     )
     rollouts = RolloutMaker(

@@ -46,6 +46,7 @@ import optax
 from flax import nnx
 
 from mathrl_jax import losses
+from mathrl_jax.models import value_head
 from mathrl_jax.train import update_metrics
 from mathrl_jax.train.minibatches import ORDER, PACKED, minibatch_order
 from mathrl_jax.train.passes import critic_values, packed_inputs, policy_logprobs, unpack
@@ -219,10 +220,12 @@ def make_update_fn(
     critic_optimizer: Optional[optax.GradientTransformation] = None,
     donate: bool = True,
     state_shardings: Any = None,
+    critic_shares_base: bool = False,
 ) -> Callable[..., Tuple[TrainState, Dict[str, jax.Array]]]:
     """The jitted `update(state, batch, frozen=None) -> (state, metrics)` (see the module docstring). `frozen`:
     the weights a LoRA run does not train (`state.params` holds its adapters; `state.model_params`), never
-    donated; the optimizer then sees the adapters alone.
+    donated; the optimizer then sees the adapters alone. `critic_shares_base`: the critic is a
+    `value_head.FrozenBaseCritic` whose trunk is `frozen`'s (`state.critic_params` its head alone).
 
     `state_shardings`, a TrainState of shardings (e.g. `jax.tree.map(lambda x: x.sharding, placed_state)`), pins
     the returned state to them. Without it XLA picks the output shardings, and under fsdp it returns small
@@ -295,8 +298,9 @@ def make_update_fn(
             if has_critic:
                 value_mask = micro_batches["value_mask"]
                 v_denominator = losses.loss_denominator(whole["value_mask"], cfg.loss_agg_mode)
+                critic_frozen = value_head.frozen_trunk(frozen) if critic_shares_base else None
                 v_loss, v_grads, v_metrics = _accumulate(
-                    critic_objective, critic_params, micro_batches, v_denominator, value_mask
+                    critic_objective, critic_params, micro_batches, v_denominator, value_mask, critic_frozen
                 )
                 v_norm = optax.tree.norm(v_grads)
                 v_apply = jnp.isfinite(v_loss) & jnp.isfinite(v_norm)

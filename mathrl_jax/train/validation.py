@@ -238,6 +238,11 @@ def validate_settings(config) -> None:
     algorithm = algorithms.ALGORITHMS[c.algorithm_name]
     if algorithm.groups and c.group_size < 2:
         fail(f"{c.algorithm_name} compares samples of one prompt: group_size={c.group_size} must be >= 2")
+    if c.lora.share_critic_base and not (algorithm.critic and c.lora.rank):
+        fail(
+            f"lora.share_critic_base=True: the critic shares a LoRA run's frozen base; {c.algorithm_name!r} with "
+            f"lora.rank={c.lora.rank} has " + ("no frozen base (rank 0)" if algorithm.critic else "no critic")
+        )
     if c.env_name and not algorithm.multi_turn:
         multi_turn = [name for name, a in algorithms.ALGORITHMS.items() if a.multi_turn]
         fail(

@@ -143,3 +143,30 @@ def test_merge_adapters_gives_the_plain_model_of_the_adapted_one(base_dir):
     k = ("model", "layers", 0, "self_attn", "k_proj", "kernel")
     assert dict(nnx.to_flat_state(unmerged))[k].get_value() is flat[k].get_value()
     assert not np.array_equal(dict(nnx.to_flat_state(unmerged))[q].get_value(), flat[q].get_value())
+
+
+def test_a_critic_on_the_frozen_base_is_the_plain_trunk_under_openrs_mlp_head(base_dir):
+    """`value_head.FrozenBaseCritic` on a LoRA policy's base: values = w3 . relu(W2 relu(W1 h)) with h the final
+    hidden states of the base with its adapters off (OpenR's `disable_adapter()`), computed here in numpy from the
+    plain model's trunk; the critic's own state is the head alone."""
+    from mathrl_jax.models import value_head
+    from mathrl_jax.models.attention import full_sequence_attention
+    from mathrl_jax.train.state import model_params
+
+    policy = _perturbed(hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS), scale=0.5)
+    _, _, frozen = nnx.split(policy, nnx.LoRAParam, ...)
+    graphdef, head = value_head.frozen_base_critic(policy.config, seed=3)
+    assert {str(path[0]) for path, _ in nnx.to_flat_state(head)} == {"value_head"}
+    layers = nnx.to_pure_dict(head)["value_head"]["layers"]
+    kernels = [np.asarray(layers[i]["kernel"], np.float64) for i in sorted(layers)]
+    assert [k.shape for k in kernels] == [(128, 1024), (1024, 512), (512, 1)]
+    assert all(np.abs(k).max() <= 1 / np.sqrt(k.shape[0]) for k in kernels)  # torch's nn.Linear init
+    critic = nnx.merge(graphdef, model_params(head, value_head.frozen_trunk(frozen)))
+    got = np.asarray(critic(_ids()))
+    plain = hf.load_model(base_dir)
+    hidden, _ = plain.model(_ids(), *full_sequence_attention(_ids()))
+    x = np.asarray(hidden, np.float64)
+    want = (np.maximum(np.maximum(x @ kernels[0], 0) @ kernels[1], 0) @ kernels[2])[..., 0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    adapted_hidden, _ = policy.model(_ids(), *full_sequence_attention(_ids()))
+    assert np.abs(np.asarray(adapted_hidden) - x).max() > 0.1  # the adapters would have changed them

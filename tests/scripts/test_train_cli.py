@@ -134,6 +134,14 @@ CASES = {
     "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
     "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "vllm.lora_sync='both'"),
     "unknown JAX sampler LoRA sync": (lambda t: ["--config.jax_sampler.lora_sync=no"], "jax_sampler.lora_sync='no'"),
+    "shared critic base without LoRA": (
+        lambda t: ["--config.algorithm_name=ppo", "--config.lora.share_critic_base=True"],
+        "no frozen base (rank 0)",
+    ),
+    "shared critic base without a critic": (
+        lambda t: ["--config.lora.rank=4", "--config.lora.share_critic_base=True"],
+        "'grpo' with lora.rank=4 has no critic",
+    ),
     "LoRA alpha 0": (lambda t: ["--config.lora.rank=4", "--config.lora.alpha=0"], "lora.alpha=0"),
     "unknown LoRA target": (
         lambda t: ["--config.lora.rank=4", "--config.lora.targets=q_proj,qkv_proj"],

@@ -196,3 +196,27 @@ def test_lora_trains_with_a_critic_and_asynchronously(algorithm, model_dir, tmp_
     if algorithm == "appo":
         assert all(np.isfinite(m["train/value_loss"]) for _, m in history)
         assert any("score/kernel" in p for p in _paths(summary["state"].critic_params))
+
+
+def test_a_critic_sharing_the_frozen_base_trains_its_head_alone_and_resumes_exactly(model_dir, tmp_path):  # noqa: F811
+    """`lora.share_critic_base` (OpenR's critic): the critic's state and AdamW's moments hold its MLP head alone, the
+    head trains (the value loss falls from its first minibatch), and a resume restores it bit for bit."""
+    settings = dict(algorithm_name="ppo", **LORA, **{"lora.share_critic_base": True})
+    straight, history = run_and_record(small_config(model_dir, tmp_path / "a", num_iterations=4, **settings))
+    critic = straight["state"].critic_params
+    paths = _paths(critic)
+    assert paths and all(p.startswith("value_head/") for p in paths), paths
+    moments = [x for x in jax.tree.leaves(straight["state"].critic_opt_state) if np.ndim(x) == 2]
+    assert sorted(x.shape for x in moments) == sorted(2 * [x.shape for x in jax.tree.leaves(critic)])
+    assert all(np.isfinite(m["train/value_loss"]) for _, m in history)
+    assert history[-1][1]["train/value_loss"] < history[0][1]["train/value_loss"]
+    run_and_record(small_config(model_dir, tmp_path / "b", num_iterations=2, save_interval=2, **settings))
+    with Checkpointer(str(tmp_path / "b" / "checkpoints"), save_interval=2) as checkpointer:
+        saved = checkpointer.saved_shapes(2)
+    assert not any(name.endswith(("kernel", "embedding")) and "value_head" not in name and "lora" not in name
+                   for name in saved)  # fmt: skip
+    resumed, _ = run_and_record(small_config(model_dir, tmp_path / "b", num_iterations=4, **settings))
+    for a, b in zip(
+        jax.tree.leaves(jax.device_get(straight["state"])), jax.tree.leaves(jax.device_get(resumed["state"]))
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
