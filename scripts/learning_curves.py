@@ -100,6 +100,10 @@ ROWS = (
     # GRPO training LoRA adapters alone (the base frozen): rank 16 on every projection of the tiny model, at 10x
     # the full fine-tuning learning rate (LoRA's usual ratio; 1e-3 was worse, 3e-4 matched full training)
     AlgorithmRow("grpo_lora", ("--config.algorithm_name=grpo", *LORA)),
+    # OpenR's setting of APPO: the LoRA policy above, the critic its frozen base under OpenR's MLP head
+    AlgorithmRow(
+        "appo_lora", ("--config.algorithm_name=appo", *PROCESS_REWARDS, *LORA, "--config.lora.share_critic_base=True")
+    ),
 )
 ALGORITHM_ROWS = {
     "grpo": ("grpo",),
@@ -114,7 +118,7 @@ ALGORITHM_ROWS = {
     "reinforce_rebn": ("reinforce_rebn",),
 }
 """An algorithm's rows (`--algorithms NAME`): each of `mathrl_jax.train.algorithms.NAMES` has at least one."""
-VARIANT_ROWS = ("grpo_lora",)
+VARIANT_ROWS = ("grpo_lora", "appo_lora")
 """Rows beyond the algorithms' own (`--algorithms all` or by row name): an algorithm under another setting."""
 ROW_BY_NAME = {row.name: row for row in ROWS}
 

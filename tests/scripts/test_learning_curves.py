@@ -263,6 +263,8 @@ def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
     assert configured(module.ROW_BY_NAME["appo"]).prm_model_name_or_path == "arithmetic_steps"
     assert configured(module.ROW_BY_NAME["reinforce_rebn"]).env_name == "guess_number"
     assert configured(module.ROW_BY_NAME["grpo_lora"]).lora.rank > 0
+    shared = configured(module.ROW_BY_NAME["appo_lora"])
+    assert shared.lora.rank > 0 and shared.lora.share_critic_base and shared.algorithm_name == "appo"
     assert [r.name for r in module.expand_algorithms(["ppo", "grpo", "ppo"])] == ["grpo", "ppo"]  # table order, once
     with pytest.raises(ValueError, match="'?chess'?"):
         module.expand_algorithms(["chess"])
