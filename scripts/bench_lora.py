@@ -140,7 +140,7 @@ def timed(fn, repeats: int = 2) -> float:
 
 def jax_sampler_times(model, prompts, max_new_tokens: int) -> dict:
     """The JAX sampler's two `lora_sync`s on the same adapted model: greedy generate time of each (after a warm-up
-    call), and the merged one's sync (`lora.merged_state`, timed after its compile)."""
+    call), and the merged one's sync (`lora.merge_adapters`, timed after its compile)."""
     import jax
     from flax import nnx
 
@@ -152,7 +152,7 @@ def jax_sampler_times(model, prompts, max_new_tokens: int) -> dict:
     merged = JaxSampler(model, eos_token_ids=[-1], pad_token_id=0, lora_sync="merged")  # compiles the merge
 
     def sync():
-        merged.update_weights(state, 1)
+        merged.update_weights(jax.tree.map(lambda x: x, state), 1)  # another State object: merged anew
         jax.block_until_ready(merged.state)
 
     got = adapted.generate(prompts, params)

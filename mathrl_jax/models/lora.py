@@ -15,6 +15,7 @@ B is 0, so a fresh adapter leaves the model unchanged. Adapters are float32 what
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Tuple
 
@@ -127,25 +128,33 @@ def merged_kernel(kernel: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scali
     return (kernel.astype(jnp.float32) + update).astype(kernel.dtype)
 
 
-def merge_adapters(state: nnx.State, scaling: float) -> nnx.State:
+def merge_adapters(state: nnx.State, scaling: float, dtype=None) -> nnx.State:
     """The state of the plain model (`lora_rank=0`) that computes what `state`'s adapted model does: each adapted
-    kernel replaced by `merged_kernel`, the adapters dropped; every other Variable passed through (not copied).
+    kernel replaced by `merged_kernel` (in `dtype`, e.g. the compute dtype the kernel is cast to anyway; None: the
+    kernel's own), the adapters dropped, every other Variable passed through, not copied.
 
-    Pure, so it can be jitted (`merged_state`). What the JAX sampler decodes with when it merges at each sync:
-    decoding is many small steps, and a merged projection is one matmul instead of three."""
+    What the JAX sampler decodes with when it merges at each sync: decoding is many small steps, and a merged
+    projection is one matmul instead of three. The merges run as one jitted program (`_merged_kernels`); the
+    state is rebuilt around them here, outside jit, which would return a new buffer for every pass-through leaf
+    (a copy of the whole model at each sync)."""
     flat = dict(nnx.to_flat_state(state))
-    out = {}
-    for path, variable in flat.items():
-        if is_adapter(path):
-            continue
-        a, b = path[:-1] + ("lora", "lora_a"), path[:-1] + ("lora", "lora_b")
-        if str(path[-1]) == "kernel" and a in flat:
-            kernel = merged_kernel(variable.get_value(), flat[a].get_value(), flat[b].get_value(), scaling)
-            variable = variable.replace(value=kernel)
-        out[path] = variable
-    return nnx.from_flat_state(out)
+    adapted = [path for path in flat if str(path[-1]) == "kernel" and path[:-1] + ("lora", "lora_a") in flat]
+    triples = [
+        tuple(flat[path[:-1] + key].get_value() for key in (("kernel",), ("lora", "lora_a"), ("lora", "lora_b")))
+        for path in adapted
+    ]
+    merged = dict(zip(adapted, _merged_kernels(triples, float(scaling), None if dtype is None else jnp.dtype(dtype))))
+    return nnx.from_flat_state(
+        {
+            path: variable.replace(value=merged[path]) if path in merged else variable
+            for path, variable in flat.items()
+            if not is_adapter(path)
+        }
+    )
 
 
-merged_state = jax.jit(merge_adapters, static_argnums=1)
-"""`merge_adapters`, jitted: one program per model shape and sharding, the merged kernels made on the state's
-devices with their sharding."""
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _merged_kernels(triples, scaling: float, dtype):
+    """`merged_kernel` of each (kernel, lora_a, lora_b), in `dtype` (None: the kernel's), on the kernels' devices
+    with their sharding: one program per model shape."""
+    return [merged_kernel(k, a, b, scaling).astype(dtype or k.dtype) for k, a, b in triples]

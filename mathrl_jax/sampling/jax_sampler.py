@@ -82,9 +82,9 @@ class JaxSampler:
         steps; each row draws what it draws without it. None: finished rows ride along to the end. Not with
         stop strings (their host checks index the rows) nor across processes.
       lora_sync: for a LoRA model (`config.lora_rank > 0`), "merged" (each `update_weights` merges the adapters
-        into their kernels, `lora.merged_state`, and the sampler decodes a plain model: one matmul per
-        projection; a copy of each adapted kernel) or "adapter" (the adapters applied in every projection, the
-        trainer's arrays shared). Measured in docs/training.md#lora: merged is the faster here.
+        into their kernels, `lora.merge_adapters`, in the compute dtype, and the sampler decodes a plain model:
+        one matmul per projection; a copy of each adapted kernel) or "adapter" (the adapters applied in every
+        projection, the trainer's arrays shared). Measured in docs/training.md#lora: merged is as fast or faster.
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class JaxSampler:
         self.config = model.config
         self.graphdef, state = nnx.split(model)
         # A LoRA model merged at each sync decodes as the plain model of its shape (its graph, no adapters).
-        self._merge_scaling = None
+        self._merge_scaling = self._merged_from = None
         if model.config.lora_rank > 0 and lora_sync == "merged":
             self._merge_scaling = model.config.lora_alpha / model.config.lora_rank
             plain = dataclasses.replace(model.config, lora_rank=0)
@@ -144,7 +144,13 @@ class JaxSampler:
     def update_weights(self, state: nnx.State, version: int) -> None:
         """Uses `state` (the policy's NNX state, e.g. the trainer's params) from now on."""
         if self._merge_scaling is not None:
-            state = lora.merged_state(state, self._merge_scaling)
+            if state is self._merged_from and version == self.policy_version:
+                return  # the same weights again (an asynchronous generator syncs before each batch)
+            source = state
+            with self._lock:
+                self.state = None  # the last merged copy goes before the next is made
+                state = lora.merge_adapters(source, self._merge_scaling, self.config.jnp_dtype)
+                self._merged_from = source
         if self.mesh is not None:
             from mathrl_jax.sharding.rules import shard_tree
 

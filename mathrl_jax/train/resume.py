@@ -36,7 +36,8 @@ RESUME_MAY_CHANGE = (
     "mesh.",
     "sampler_mesh.",
     "sampler",
-    "jax_sampler.",
+    "jax_sampler.kv_cache_gib",
+    "jax_sampler.compact_interval",
     "vllm.",
     "micro_batch_size",
     "remat",
@@ -50,6 +51,11 @@ RESUME_MAY_CHANGE = (
 evaluates, where and how it computes (mesh, engine, memory settings, remat, layer scan, packing, skipping rows that
 train nothing: the same updates, tested as invariances). Every other key changes what is trained and must equal the
 saved run's, unless `resume_allow_changes` names it."""
+
+
+STATE_KEYS = ("lora.rank", "lora.targets", "lora.share_critic_base")
+"""Keys that decide what the checkpoint holds (which weights train, the critic's tree): no resume changes them,
+even named in `resume_allow_changes` (the restore could only fail on the other tree)."""
 
 
 def _may_change(key: str, allowed: Tuple[str, ...]) -> bool:
@@ -71,6 +77,12 @@ def allowed_resume_changes(config) -> Tuple[str, ...]:
     unknown = [n for n in names if n not in known]
     if unknown:
         fail(f"resume_allow_changes={config.resume_allow_changes!r}: {unknown} are not config keys")
+    fixed = [n for n in names if n in STATE_KEYS]
+    if fixed:
+        fail(
+            f"resume_allow_changes={config.resume_allow_changes!r}: {fixed} decide what the checkpoint holds; a "
+            "resume cannot change them (use another --config.run_dir)"
+        )
     return names
 
 

@@ -266,6 +266,10 @@ def test_resume_allow_changes_names_real_keys(tmp_path):
     run_dir = finished_looking_run(tmp_path)
     done = run_train(run_dir, "--config.lr=1e-4", "--config.resume_allow_changes=lr,learning_rte")
     assert done.returncode == 2 and "['learning_rte'] are not config keys" in done.stderr, done.stderr[-2000:]
+    before = snapshot(run_dir)
+    done = run_train(run_dir, "--config.resume_allow_changes=lora.share_critic_base")
+    assert done.returncode == 2 and "['lora.share_critic_base'] decide what the checkpoint holds" in done.stderr
+    assert snapshot(run_dir) == before
 
 
 def test_a_second_run_on_a_locked_run_dir_is_refused(tmp_path):

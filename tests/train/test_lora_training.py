@@ -160,7 +160,8 @@ def test_a_lora_run_with_remat_trains_as_without_it(scan_layers, model_dir, tmp_
 
 def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path):  # noqa: F811
     """Also one saved before `lora` existed (its config.json without the section: it trained every weight): the
-    config check names lora.rank; allowed to change, the checkpoint's kind is named before any restore."""
+    config check names lora.rank, which no `resume_allow_changes` lets change; without a config.json to compare,
+    the checkpoint's kind is named before any restore."""
     import json
 
     run_dir = tmp_path / "run"
@@ -171,8 +172,11 @@ def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path)
     with pytest.raises(TrainingError, match=r"lora\.rank: 0 -> 4"):
         loop.train(small_config(model_dir, run_dir, num_iterations=4, **LORA))
     allowed = dict(LORA, resume_allow_changes="lora.rank,lora.alpha,lora.targets")
-    with pytest.raises(TrainingError, match="checkpoint 2 trained every weight, this run trains LoRA adapters"):
+    with pytest.raises(TrainingError, match=r"\['lora.rank', 'lora.targets'\] decide what the checkpoint holds"):
         loop.train(small_config(model_dir, run_dir, num_iterations=4, **allowed))
+    (run_dir / "config.json").unlink()
+    with pytest.raises(TrainingError, match="checkpoint 2 trained every weight, this run trains LoRA adapters"):
+        loop.train(small_config(model_dir, run_dir, num_iterations=4, **LORA))
 
 
 def test_a_finished_lora_run_without_its_adapters_exports_them_when_rerun(model_dir, tmp_path):  # noqa: F811
@@ -210,6 +214,11 @@ def test_a_critic_sharing_the_frozen_base_trains_its_head_alone_and_resumes_exac
     assert sorted(x.shape for x in moments) == sorted(2 * [x.shape for x in jax.tree.leaves(critic)])
     assert all(np.isfinite(m["train/value_loss"]) for _, m in history)
     assert history[-1][1]["train/value_loss"] < history[0][1]["train/value_loss"]
+    from mathrl_jax.models import value_head
+
+    _, initial = value_head.frozen_base_critic(hf.load_model(model_dir).config, seed=0)  # the run's seed
+    for start, end in zip(jax.tree.leaves(initial), jax.tree.leaves(critic)):
+        assert start.shape == end.shape and not np.allclose(np.asarray(start), np.asarray(end))  # each layer trained
     run_and_record(small_config(model_dir, tmp_path / "b", num_iterations=2, save_interval=2, **settings))
     with Checkpointer(str(tmp_path / "b" / "checkpoints"), save_interval=2) as checkpointer:
         saved = checkpointer.saved_shapes(2)
