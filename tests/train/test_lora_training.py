@@ -107,16 +107,22 @@ def test_a_lora_resume_onto_other_base_weights_is_refused_before_writing(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_sharded_lora_run_trains_as_an_unsharded_one(model_dir, tmp_path):  # noqa: F811
-    """The adapters' partition rules under fsdp x tp (A split like its kernel's input, B like its output)."""
+@pytest.mark.parametrize("critic", [None, "shared"])
+def test_a_sharded_lora_run_trains_as_an_unsharded_one(critic, model_dir, tmp_path):  # noqa: F811
+    """The adapters' partition rules under fsdp x tp (A split like its kernel's input, B like its output); with
+    a critic on the frozen base, its head (replicated) and its trunk (the base's shards)."""
     settings = dict(num_iterations=2, **LORA)
+    keys = ["rollout/rewards", "train/policy_loss", "train/grad_norm"]
+    if critic:
+        settings.update({"algorithm_name": "ppo", "lora.share_critic_base": True})
+        keys += ["train/value_loss", "train/value_grad_norm"]
     _, single = run_and_record(small_config(model_dir, tmp_path / "one", **settings))
     _, sharded = run_and_record(
         small_config(model_dir, tmp_path / "mesh", **{"mesh.dp": 2, "mesh.fsdp": 2, "mesh.tp": 2}, **settings)
     )
     for (i, a), (j, b) in zip(single, sharded):
         assert i == j
-        for key in ("rollout/rewards", "train/policy_loss", "train/grad_norm"):
+        for key in keys:
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
