@@ -13,7 +13,7 @@ sampler (applied in the JAX sampler's passes or merged into its weights; vLLM's 
 3. With `--vllm` (vLLM installed): the same for two engines on the same base, `lora_sync="merged"` and
    `lora_sync="adapter"` (vLLM's LoRA and a `LoRARequest`): a sync and a generate call each.
 
-    python scripts/bench_lora.py --shape tiny                               # seconds; what the test runs
+    python scripts/bench_lora.py --shape tiny --sampler-dtype=float32       # seconds; what the test runs
     python scripts/bench_lora.py --shape qwen2.5-0.5b --layers 4 --vllm     # the 0.5B shape's layers, 4 of 24
 """
 
@@ -112,7 +112,7 @@ def one_real_step(shape: str, layers: int, lora: dict, rows: int, length: int) -
     )
 
 
-def adapted_model(shape: str, layers: int, lora: dict, directory: str):
+def adapted_model(shape: str, layers: int, lora: dict, directory: str, dtype: str = "bfloat16"):
     """A random checkpoint of the shape in `directory` and its LoRA model, the adapters moved off B = 0."""
     import jax
     from flax import nnx
@@ -124,7 +124,7 @@ def adapted_model(shape: str, layers: int, lora: dict, directory: str):
     fields.update({f: getattr(config, f) for f in ("num_attention_heads", "num_key_value_heads", "head_dim")})
     fields["vocab_size"] = config.vocab_size
     write_tiny_checkpoint(directory, seed=0, **fields)
-    model = hf.load_model(directory, param_dtype="float32", dtype="bfloat16", **lora)  # the trainer's numerics
+    model = hf.load_model(directory, param_dtype="float32", dtype=dtype, **lora)  # float32 master weights
     graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
     adapters = jax.tree.map(lambda x: x + 0.01, adapters)
     return nnx.merge(graphdef, adapters, rest)
@@ -200,6 +200,12 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--vllm", action="store_true", help="also time vLLM's merged and adapter syncs")
     parser.add_argument("--no-run", action="store_true", help="compile only: no real update step")
+    parser.add_argument(
+        "--sampler-dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float32"),
+        help="the samplers' compute dtype (bfloat16: the trainer's; in float32 the two ways draw the same tokens)",
+    )
     args = parser.parse_args(argv)
     from bench_sampler import SHAPES
 
@@ -247,7 +253,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     with tempfile.TemporaryDirectory() as directory:
-        model = adapted_model(args.shape, args.layers, lora, directory)
+        model = adapted_model(args.shape, args.layers, lora, directory, args.sampler_dtype)
         rng = np.random.default_rng(0)
         prompts = [list(rng.integers(3, 90, 12)) for _ in range(args.prompts)]
         j = jax_sampler_times(model, prompts, args.new_tokens)
