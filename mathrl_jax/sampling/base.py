@@ -243,3 +243,34 @@ def first_stop_string(text_of: Any, tokens: Sequence[int], stops: Sequence[str])
     text = text_of(list(tokens[:lo]))
     found = min((text.find(s), s) for s in stops if s in text)
     return lo, found[1]
+
+
+def prompt_token_ids(prompts: Sequence[Union[str, Sequence[int]]], tokenizer: Any, vocab_size: int) -> List[List[int]]:
+    """Each prompt as token ids: a string encoded by `tokenizer`, ids checked to lie in `[0, vocab_size)`.
+
+    Raises ValueError naming the prompt: a string without a tokenizer, an empty prompt, ids outside the vocabulary."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError(f"prompt {i} is a string but the sampler has no tokenizer; pass token ids")
+            ids = tokenizer.encode(prompt)
+            ids = getattr(ids, "ids", ids)  # a `tokenizers.Tokenizer` returns an Encoding
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size}): {bad[:5]}")
+        out.append(list(ids))
+    return out
+
+
+def decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """`ids` as text, special tokens left out: a Hugging Face tokenizer's `decode(ids, skip_special_tokens=True)`,
+    or a `tokenizers.Tokenizer`'s `decode(ids)` (which skips them by default)."""
+    try:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    except TypeError:  # a `tokenizers.Tokenizer`
+        return tokenizer.decode(list(ids))

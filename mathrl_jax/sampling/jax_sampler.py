@@ -22,6 +22,7 @@ of `stop_check_interval` tokens and the host checks the new text between chunks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from typing import Any, Optional, Sequence, Union
@@ -34,7 +35,14 @@ from flax import nnx
 from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import lora
 from mathrl_jax.models.qwen import QwenForCausalLM
-from mathrl_jax.sampling.base import LORA_SYNCS, Rollouts, SamplingParams, first_stop_string
+from mathrl_jax.sampling.base import (
+    LORA_SYNCS,
+    Rollouts,
+    SamplingParams,
+    decode_text,
+    first_stop_string,
+    prompt_token_ids,
+)
 from mathrl_jax.sampling.decoding import (
     MAX_STOP_TOKENS,
     ROW_OUTPUTS,
@@ -161,30 +169,6 @@ class JaxSampler:
 
     # ------------------------------------------------------------------ host side
 
-    def _tokenize(self, prompts: Sequence[Union[str, Sequence[int]]]) -> list:
-        out = []
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise ValueError(f"prompt {i} is a string but the sampler has no tokenizer; pass token ids")
-                ids = self.tokenizer.encode(prompt)
-                ids = getattr(ids, "ids", ids)  # a `tokenizers.Tokenizer` returns an Encoding
-            else:
-                ids = [int(t) for t in prompt]
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt {i} has token ids outside [0, {self.config.vocab_size}): {bad[:5]}")
-            out.append(list(ids))
-        return out
-
-    def _decode_text(self, ids: Sequence[int]) -> str:
-        try:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        except TypeError:  # a `tokenizers.Tokenizer`
-            return self.tokenizer.decode(list(ids))
-
     def _row_keys(self, seed: int, num_rows: int, first_row: int = 0) -> jax.Array:
         """`row_keys`, as one compiled program for the seeds an int32 holds (it keys exactly as the Python int)."""
         if 0 <= seed < 2**31:
@@ -201,7 +185,7 @@ class JaxSampler:
             raise ValueError("generate() got no prompts")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"stop strings {params.stop!r} need a sampler with a tokenizer")
-        prompt_ids = self._tokenize(prompts)
+        prompt_ids = prompt_token_ids(prompts, self.tokenizer, self.config.vocab_size)
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
         if len(stop_ids) > MAX_STOP_TOKENS:
             raise ValueError(f"at most {MAX_STOP_TOKENS} stop token ids are supported, got {len(stop_ids)}: {stop_ids}")
@@ -363,10 +347,11 @@ class JaxSampler:
         tokens, lengths, finish = fetch((carry["tokens"], carry["lengths"], carry["finish"]))
         finish, lengths = finish.copy(), lengths.copy()
         changed = False
+        text_of = functools.partial(decode_text, self.tokenizer)
         for row in range(live_rows):
             if settled[row]:
                 continue
-            found = first_stop_string(self._decode_text, tokens[row, : lengths[row]].tolist(), stops)
+            found = first_stop_string(text_of, tokens[row, : lengths[row]].tolist(), stops)
             if found is not None:
                 # A stop string ends the row even if a stop token or the length limit came later.
                 lengths[row], stop_strings[row] = found
@@ -397,7 +382,7 @@ class JaxSampler:
             else:  # LENGTH, or still running when max_new_tokens was reached
                 reasons.append("length")
                 stop_reasons.append(None)
-        texts = [self._decode_text(c) for c in completions] if self.tokenizer is not None else None
+        texts = [decode_text(self.tokenizer, c) for c in completions] if self.tokenizer is not None else None
         return Rollouts(
             prompt_ids=[list(p) for p in prompt_ids for _ in range(n)],
             completion_ids=completions,

@@ -45,7 +45,7 @@ import numpy as np
 
 from mathrl_jax.models import hf
 from mathrl_jax.models.qwen import QwenConfig
-from mathrl_jax.sampling.base import LORA_SYNCS, Rollouts, SamplingParams
+from mathrl_jax.sampling.base import LORA_SYNCS, Rollouts, SamplingParams, decode_text
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -373,7 +373,7 @@ class VllmSampler:
                     stop = ids[-1]  # the model's own end-of-sequence token
                 reasons.append(reason)
                 stop_reasons.append(stop if reason == "stop" else None)
-                texts.append(self._text(ids) if self.tokenizer is not None else sample.text)
+                texts.append(decode_text(self.tokenizer, ids) if self.tokenizer is not None else sample.text)
         return Rollouts(
             prompt_ids=[p for p in prompt_ids for _ in range(params.n)],
             completion_ids=completions,
@@ -385,9 +385,3 @@ class VllmSampler:
             policy_version=self.policy_version,
             texts=texts,
         )
-
-    def _text(self, ids: Sequence[int]) -> str:
-        try:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        except TypeError:  # a `tokenizers.Tokenizer`
-            return self.tokenizer.decode(list(ids))

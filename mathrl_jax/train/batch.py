@@ -60,7 +60,8 @@ class BatchSettings:
     algorithm: the record whose estimator makes the advantages (`algorithms.ALGORITHMS`).
     max_length: the widest row, `max_prompt_length + max_new_tokens`.
     whiten: standardise a critic's advantages over the batch's tokens (`advantage_whitening="batch"`).
-    old_logprobs_from_sampler: PPO's old log-probs are the sampler's (`old_logprobs_from_sampler`), not recomputed.
+    old_logprobs_from_sampler: PPO's old log-probs are the sampler's (`sections.old_logprobs_from_sampler`), not
+      recomputed.
     step_separator: where a completion's reasoning steps end (the actions of `Algorithm.actions`, the PRM's steps).
     pack_length: tokens per packed row of the passes and the update; None trains on padded rows.
     ppo_epoch, num_mini_batch, micro_batch_size, skip_zero_advantage: the update's (`UpdateConfig`), for its plan.
@@ -291,39 +292,6 @@ def sampler_correction(settings, batch: Dict[str, Any], trainer_logprobs: np.nda
         batch = dict(batch, advantages=batch["advantages"] * weights)
         metrics.update({f"rollout/tis_{k}": float(v) for k, v in tis.items()})
     return batch, metrics
-
-
-def old_logprobs_from_sampler(
-    old_logprobs: str,
-    *,
-    sampler: str,
-    tis_cap,
-    temperature: float,
-    decoupled: bool,
-    multi_turn: bool,
-    rounded_merge: bool = False,
-) -> bool:
-    """Whether PPO's old log-probs are the sampler's (`config.old_logprobs`), not recomputed by the trainer.
-
-    "auto" takes them from the JAX sampler, which decodes with the trainer's params and reports the untempered
-    policy's log-prob of each sampled token (`Rollouts.policy_logprobs`): at temperature 1 the trainer's
-    recomputation gives the same numbers up to float rounding (`rollout/sampler_logprob_diff`, ~1e-7 in float32),
-    and skipping it saves a forward pass over the batch. The decoupled loss (async_ppo) needs both, multi-turn
-    rows hold the environment's tokens, and another engine (vLLM) computes them with its own kernels: those
-    recompute. So does a LoRA policy the JAX sampler merges into kernels of a compute dtype below float32
-    (`rounded_merge`): the merged kernel is rounded as a whole, where the trainer adds the adapters' term to the
-    base's, so their log-probs differ by more than the rounding of one computation.
-    """
-    if old_logprobs != "auto":
-        return old_logprobs == "sampler"
-    return (
-        sampler == "jax"
-        and tis_cap is None  # TIS compares the trainer's log-probs with the sampler's
-        and temperature == 1.0
-        and not decoupled
-        and not multi_turn
-        and not rounded_merge
-    )
 
 
 def pack_shape(settings: BatchSettings, mesh, width: int) -> Optional[Dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import update_config as update_lib
-from mathrl_jax.train.batch import BatchSettings, DapoSettings, old_logprobs_from_sampler
+from mathrl_jax.train.batch import BatchSettings, DapoSettings
 from mathrl_jax.train.collect import RolloutSettings
 from mathrl_jax.train.evaluation import EvalSettings
 from mathrl_jax.train.multiturn import TEACHER_GAMES, GameSettings
@@ -88,8 +88,41 @@ def optimizer_settings_of(config) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return policy, critic
 
 
+def old_logprobs_from_sampler(
+    old_logprobs: str,
+    *,
+    sampler: str,
+    tis_cap,
+    temperature: float,
+    decoupled: bool,
+    multi_turn: bool,
+    rounded_merge: bool = False,
+) -> bool:
+    """Whether PPO's old log-probs are the sampler's (`config.old_logprobs`), not recomputed by the trainer.
+
+    "auto" takes them from the JAX sampler, which decodes with the trainer's params and reports the untempered
+    policy's log-prob of each sampled token (`Rollouts.policy_logprobs`): at temperature 1 the trainer's
+    recomputation gives the same numbers up to float rounding (`rollout/sampler_logprob_diff`, ~1e-7 in float32),
+    and skipping it saves a forward pass over the batch. The decoupled loss (async_ppo) needs both, multi-turn
+    rows hold the environment's tokens, and another engine (vLLM) computes them with its own kernels: those
+    recompute. So does a LoRA policy the JAX sampler merges into kernels of a compute dtype below float32
+    (`rounded_merge`): the merged kernel is rounded as a whole, where the trainer adds the adapters' term to the
+    base's, so their log-probs differ by more than the rounding of one computation.
+    """
+    if old_logprobs != "auto":
+        return old_logprobs == "sampler"
+    return (
+        sampler == "jax"
+        and tis_cap is None  # TIS compares the trainer's log-probs with the sampler's
+        and temperature == 1.0
+        and not decoupled
+        and not multi_turn
+        and not rounded_merge
+    )
+
+
 def uses_sampler_logprobs(config) -> bool:
-    """`batch.old_logprobs_from_sampler` for the config's `old_logprobs`."""
+    """`old_logprobs_from_sampler` for the config's `old_logprobs`."""
     algorithm = algorithm_of(config)
     return old_logprobs_from_sampler(
         config.old_logprobs,
