@@ -49,7 +49,8 @@ def resolve_targets(targets) -> Tuple[str, ...]:
 
 
 def a_initializer(key, shape, dtype=jnp.float32):
-    """PEFT's A: `kaiming_uniform_(a=sqrt(5))` on `[r, in]`, i.e. uniform in +-1/sqrt(in) (`shape` is `[in, r]`)."""
+    """PEFT's A: `kaiming_uniform_(a=sqrt(5))` on `[r, in]`, i.e. uniform in +-1/sqrt(in) (`shape` is `[in, r]`).
+    The same as torch's `nn.Linear` weight init for an `[in, out]` kernel (OpenR's value head uses it so)."""
     bound = 1.0 / jnp.sqrt(shape[0])
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 

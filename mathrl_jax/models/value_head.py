@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mathrl_jax.models import hf, safetensors_io
+from mathrl_jax.models import hf, lora, safetensors_io
 from mathrl_jax.models.attention import full_sequence_attention
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import (
@@ -75,7 +75,7 @@ class MLPValueHead(nnx.Module):
                     use_bias=False,
                     dtype=jnp.float32,
                     param_dtype=jnp.float32,
-                    kernel_init=torch_linear_init,
+                    kernel_init=lora.a_initializer,  # torch's nn.Linear init, as PEFT's A
                     rngs=rngs,
                 )
                 for n_in, n_out in zip(sizes[:-1], sizes[1:])
@@ -87,13 +87,6 @@ class MLPValueHead(nnx.Module):
         for layer in self.layers[:-1]:
             x = jax.nn.relu(layer(x))
         return self.layers[-1](x)[..., 0]
-
-
-def torch_linear_init(key, shape, dtype=jnp.float32):
-    """torch's `nn.Linear` weight init, `kaiming_uniform_(a=sqrt(5))`: uniform in +-1/sqrt(fan_in) (`shape` is our
-    `[in, out]` kernel layout)."""
-    bound = 1.0 / jnp.sqrt(shape[0])
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
 class FrozenBaseCritic(nnx.Module):

@@ -150,21 +150,22 @@ class JaxSampler:
     # ------------------------------------------------------------------ weights
 
     def update_weights(self, state: nnx.State, version: int) -> None:
-        """Uses `state` (the policy's NNX state, e.g. the trainer's params) from now on."""
-        if self._merge_scaling is not None:
-            if state is self._merged_from and version == self.policy_version:
-                return  # the same weights again (an asynchronous generator syncs before each batch)
-            source = state
-            with self._lock:
-                self.state = None  # the last merged copy goes before the next is made
-                state = lora.merge_adapters(source, self._merge_scaling, self.config.jnp_dtype)
-                self._merged_from = source
-        if self.mesh is not None:
-            from mathrl_jax.sharding.rules import shard_tree
+        """Uses `state` (the policy's NNX state, e.g. the trainer's params) from now on.
 
-            state = shard_tree(state, self.mesh, self.rules)
+        Under the lock throughout: a generate in another thread never sees the weights half replaced (a LoRA
+        policy's last merged copy is dropped before the next is made)."""
         with self._lock:
-            self.state = state
+            source = state
+            if self._merge_scaling is not None:
+                if source is self._merged_from and version == self.policy_version:
+                    return  # the same weights again (an asynchronous generator syncs before each batch)
+                self.state = self._merged_from = None
+                state = lora.merge_adapters(source, self._merge_scaling, self.config.jnp_dtype)
+            if self.mesh is not None:
+                from mathrl_jax.sharding.rules import shard_tree
+
+                state = shard_tree(state, self.mesh, self.rules)
+            self.state, self._merged_from = state, source
             self.policy_version = int(version)
 
     # ------------------------------------------------------------------ host side
