@@ -410,3 +410,43 @@ def test_a_lora_policy_merged_at_each_sync_samples_as_the_adapted_model():
     assert fresh.completion_ids != got.completion_ids  # the second adapters changed what is drawn
     with pytest.raises(ValueError, match="lora_sync='both'"):
         JaxSampler(first, pad_token_id=0, lora_sync="both")
+
+
+def test_a_generate_during_a_merged_sync_waits_for_the_new_weights(monkeypatch):
+    """A sync holds the sampler's lock from the merge to the new weights' placement: a generate that comes in
+    between (another thread, as in asynchronous training) waits and samples with them. (Before: the merged copy was
+    dropped and remade under the lock, placed on the mesh outside it, and such a generate found no weights.)"""
+    import threading
+
+    from mathrl_jax.sharding import rules
+
+    mesh = S.make_mesh({"dp": 1, "fsdp": 1, "tp": 2}, devices=jax.devices()[:2])
+    sampler = JaxSampler(_lora_model(1), pad_token_id=0, mesh=mesh)
+    placing, release = threading.Event(), threading.Event()
+    place = rules.shard_tree
+
+    def slow_place(*args):
+        placing.set()
+        release.wait(30)
+        return place(*args)
+
+    monkeypatch.setattr(rules, "shard_tree", slow_place)
+    sync = threading.Thread(target=sampler.update_weights, args=(nnx.state(_lora_model(2)), 1))
+    sync.start()
+    assert placing.wait(30)
+    got = {}
+
+    def generate():
+        try:
+            got["rollouts"] = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=4))
+        except Exception as error:  # noqa: BLE001  (reported below)
+            got["error"] = error
+
+    reader = threading.Thread(target=generate)
+    reader.start()
+    reader.join(1.0)  # it waits on the lock
+    release.set()
+    sync.join(30)
+    reader.join(60)
+    assert "error" not in got, got.get("error")
+    assert got["rollouts"].policy_version == 1
