@@ -14,7 +14,7 @@ Steps, in order (`--only` picks some; each runs in a process of its own, see bel
 3. `sampler`: `JaxSampler` tokens/s at batch 64 and 256 (256-token prompts, 512 new tokens, temperature 1, no
    end-of-sequence stop) at the 1.5B shape in bfloat16, against transformers `generate` (torch, the same random
    weights exported with `models.hf.export_checkpoint`) on the same GPU, measured in the same run.
-4. `sync`: the JAX-to-torch weight hand-over of the vLLM sync (`sampling.vllm_sampler.torch_weights`: JAX params
+4. `sync`: the JAX-to-torch weight hand-over of the vLLM sync (`sampling.vllm.torch_weights`: JAX params
    to torch tensors through DLPack; vLLM itself is not needed) at the 1.5B shape, for float32 master params cast
    to a bfloat16 engine (the trainer's sync) and for bfloat16 params: seconds per sync, and the extra device
    copies: the tensors whose torch view does not share memory with their parameter's JAX buffer (a transpose of a
@@ -383,7 +383,7 @@ def step_sync(p, record):
     from flax import nnx
 
     from mathrl_jax.models import QwenForCausalLM, hf, tiny_config
-    from mathrl_jax.sampling.vllm_sampler import torch_weights
+    from mathrl_jax.sampling.vllm import torch_weights
 
     name = p["sync_model"]
     device = torch_device()

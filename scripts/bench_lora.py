@@ -170,7 +170,7 @@ def vllm_times(model, directory: str, prompts, max_new_tokens: int) -> dict:
     from flax import nnx
 
     from mathrl_jax.sampling import SamplingParams
-    from mathrl_jax.sampling.vllm_sampler import VllmSampler
+    from mathrl_jax.sampling.vllm import VllmSampler
 
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     state = nnx.state(model)

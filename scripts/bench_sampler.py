@@ -115,7 +115,7 @@ def main(argv=None):
     sides = {"JaxSampler": jax_sampler.generate}
     sync_seconds = []
     if use_vllm:
-        from mathrl_jax.sampling.vllm_sampler import VllmSampler
+        from mathrl_jax.sampling.vllm import VllmSampler
 
         # The random model's token ids are not all in the character tokenizer: vLLM works on ids alone.
         engine = VllmSampler(

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING
+            from mathrl_jax.sampling.vllm import VLLM_MISSING
 
             parser.error(f"--sampler vllm: {VLLM_MISSING}; or use --sampler jax")
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         return 2
     model = hf.load_model(args.model)
     if args.sampler == "vllm":
-        from mathrl_jax.sampling.vllm_sampler import VllmSampler
+        from mathrl_jax.sampling.vllm import VllmSampler
 
         sampler = VllmSampler(
             args.model,

@@ -93,8 +93,24 @@ def get_config() -> ml_collections.ConfigDict:
     # build, GPU memory on a GPU; it bounds the tokens in flight, not a request's length. dtype: the engine's
     # weights and compute, "" = config.dtype (a bfloat16 engine beside a float32 trainer: consider tis_cap).
     # vllm.lora_sync: a LoRA policy reaches vLLM as merged weights ("merged") or as vLLM's own LoRA adapters
-    # ("adapter": a LoRARequest per sync); see docs/training.md#lora for which is faster
-    config.vllm = ml_collections.ConfigDict({"kv_cache_gib": 1.0, "dtype": "", "lora_sync": "merged"})
+    # ("adapter": a LoRARequest per sync); see docs/training.md#lora for which is faster.
+    # tensor_parallel_size: the in-process engine's workers (> 1: one process each, synced through vLLM's weight
+    # transfer). server_url: "" = the engine in this process; "http://host:port" = rollouts from a vLLM server
+    # started with scripts/vllm_server.py (kv_cache_gib, tensor parallel and dtype are then the server's own).
+    # timeout_s: the longest one request to a server may take before the run stops naming it (exit 2).
+    # transfer: how weights reach an engine in other processes: "auto" (NCCL beside a GPU trainer, else shared
+    # memory), "mathrl_shared_memory" (files in /dev/shm: one host), "nccl" (GPU; not run yet)
+    config.vllm = ml_collections.ConfigDict(
+        {
+            "kv_cache_gib": 1.0,
+            "dtype": "",
+            "lora_sync": "merged",
+            "tensor_parallel_size": 1,
+            "server_url": "",
+            "timeout_s": 600.0,
+            "transfer": "auto",
+        }
+    )
     config.n_rollout_threads = 32  # prompts per iteration
     config.group_size = 8  # samples per prompt (GRPO's G)
     config.episode_length = 1  # turns per episode (multi-turn envs) / steps (step-wise)

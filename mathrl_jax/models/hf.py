@@ -231,7 +231,7 @@ def hf_tensors(state: nnx.State, table: Dict[str, TensorSpec]) -> Iterator[Tuple
 
     The arrays stay where the state lives (device, sharding) and each transpose
     is made only when its tensor is reached. The export's conversion; the vLLM
-    sync walks the same table (`vllm_sampler.torch_weights`), optionally leaving
+    sync walks the same table (`sampling.vllm.torch_weights`), optionally leaving
     the transposes to torch views. An adapted projection's tensor is its merged kernel.
     """
     for name, spec in table.items():

@@ -4,20 +4,26 @@
     sampler = JaxSampler(model, eos_token_ids=[eos], pad_token_id=pad, tokenizer=tokenizer)
     rollouts = sampler.generate(["1+2="], SamplingParams(n=4, temperature=1.0, max_new_tokens=8))
 
-`VllmSampler` (GPU, `pip install mathrl_jax[vllm]`) lives in
-`mathrl_jax.sampling.vllm_sampler` and is imported only when asked for.
+vLLM's samplers (its engine in this process, or a server) are in `mathrl_jax.sampling.vllm`; a sampler of one process
+shared out over the processes of a run is `ProcessSplitSampler`. The JAX sampler is imported when first asked for:
+vLLM's own processes import this package for its weight-transfer engine and need no JAX.
 """
 
-from mathrl_jax.sampling.base import FINISH_REASONS, Rollouts, Sampler, SamplingParams
-from mathrl_jax.sampling.decoding import filter_logits, sampling_distribution
-from mathrl_jax.sampling.jax_sampler import JaxSampler
+import importlib
 
-__all__ = [
-    "FINISH_REASONS",
-    "JaxSampler",
-    "Rollouts",
-    "Sampler",
-    "SamplingParams",
-    "filter_logits",
-    "sampling_distribution",
-]
+from mathrl_jax.sampling.base import FINISH_REASONS, Rollouts, Sampler, SamplingParams
+
+_LAZY = {
+    "JaxSampler": "jax_sampler",
+    "filter_logits": "decoding",
+    "sampling_distribution": "decoding",
+    "ProcessSplitSampler": "process_split",
+}
+
+__all__ = ["FINISH_REASONS", "Rollouts", "Sampler", "SamplingParams", *_LAZY]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -21,7 +21,8 @@ from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, p
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.rewards.serial_grader import SerialGrader
 from mathrl_jax.sampling import JaxSampler
-from mathrl_jax.sampling.vllm_sampler import VLLM_MISSING, VllmSampler
+from mathrl_jax.sampling.process_split import ProcessSplitSampler
+from mathrl_jax.sampling.vllm import VLLM_MISSING, ServerError, VllmSampler, VllmServerSampler, describe_server
 from mathrl_jax.sharding import distributed
 from mathrl_jax.train import multiturn, passes, sections
 from mathrl_jax.train import state as state_lib
@@ -164,6 +165,16 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
 
         if importlib.util.find_spec("vllm") is None:
             fail(f"sampler='vllm': {VLLM_MISSING}; or use sampler='jax'")
+        if config.vllm.server_url:  # a server that is not there, or lacks what the sampler needs: before any write
+            try:
+                describe_server(
+                    config.vllm.server_url,
+                    timeout_s=config.vllm.timeout_s,
+                    max_model_len=_vllm_max_model_len(config),
+                    dtype=config.vllm.dtype or None,
+                )
+            except ServerError as error:
+                fail(str(error))
     prompts = prompt_settings(config)
     codec = None
     if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
@@ -373,18 +384,49 @@ SHAPES_KEY = "shape_floors"
 
 def _make_sampler(config, model_dir, model, codec, sampler_args):
     if config.sampler == "vllm":
-        return VllmSampler(
-            model_dir,
-            config=model.config,
-            eos_token_ids=sampler_args["eos_token_ids"],
-            tokenizer=codec,
-            kv_cache_gib=config.vllm.kv_cache_gib,
-            # Single-turn: what a row can hold; multi-turn prompts grow over the episode: the checkpoint's limit.
-            max_model_len=None if config.env_name else config.max_prompt_length + config.max_new_tokens,
-            dtype=config.vllm.dtype or config.dtype,
-            seed=config.seed,
-            lora_sync=config.vllm.lora_sync,
-        )
+        sampler = _vllm_sampler(config, model_dir, model, codec, sampler_args)
+        if jax.process_count() == 1:
+            return sampler
+        # Each process samples its share of every batch; each syncs its own engine, or process 0 a shared server.
+        return ProcessSplitSampler(sampler, sends=not config.vllm.server_url or distributed.is_main_process())
     sampler_mesh = sharding.follow_mesh(config.sampler_mesh.to_dict(), config.mesh.to_dict())
     mesh = sharding.make_mesh(sampler_mesh) if jax.device_count() > 1 else None
     return JaxSampler(model, mesh=mesh, **sampler_args)
+
+
+def _vllm_max_model_len(config) -> Optional[int]:
+    """Single-turn: what a row can hold; multi-turn prompts grow over the episode: the checkpoint's limit (None)."""
+    return None if config.env_name else config.max_prompt_length + config.max_new_tokens
+
+
+def _vllm_sampler(config, model_dir, model, codec, sampler_args):
+    """The in-process engine, or the server at `vllm.server_url` (refused with its reason, before training)."""
+    v = config.vllm
+    max_model_len = _vllm_max_model_len(config)
+    if v.server_url:
+        try:
+            return VllmServerSampler(
+                v.server_url,
+                config=model.config,
+                eos_token_ids=sampler_args["eos_token_ids"],
+                tokenizer=codec,
+                dtype=v.dtype or None,
+                timeout_s=v.timeout_s,
+                transfer=v.transfer,
+                max_model_len=max_model_len,
+            )
+        except ServerError as error:
+            fail(str(error))
+    return VllmSampler(
+        model_dir,
+        config=model.config,
+        eos_token_ids=sampler_args["eos_token_ids"],
+        tokenizer=codec,
+        kv_cache_gib=v.kv_cache_gib,
+        max_model_len=max_model_len,
+        dtype=v.dtype or config.dtype,
+        tensor_parallel_size=v.tensor_parallel_size,
+        transfer=v.transfer,
+        seed=config.seed,
+        lora_sync=v.lora_sync,
+    )

@@ -336,6 +336,7 @@ def train(
             export_final_model(run, final)
     finally:
         source.close()
+        getattr(run.rollouts.sampler, "close", lambda: None)()  # a vLLM engine's workers, a server's transfer
         progress.close()
         run.checkpointer.close()
         release_run_dir(settings.run_dir)  # the directory is free for the next run of this process or another

@@ -13,6 +13,9 @@ from mathrl_jax.envs import MULTI_TURN_ENVS
 from mathrl_jax.errors import MathRLError
 from mathrl_jax.models import qwen
 from mathrl_jax.sampling.base import LORA_SYNCS
+from mathrl_jax.sampling.vllm.plugin import TRANSFERS
+from mathrl_jax.sampling.vllm.sampler import ENGINE_DTYPES
+from mathrl_jax.sampling.vllm.server import is_server_url
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update_config as update_lib
@@ -291,8 +294,27 @@ def validate_settings(config) -> None:
     if c.sampler == "vllm":
         if not c.vllm.kv_cache_gib > 0:
             fail(f"vllm.kv_cache_gib={c.vllm.kv_cache_gib} must be > 0 (GiB of KV cache)")
-        if c.vllm.dtype not in ("", "float32", "bfloat16", "float16"):
-            fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype), 'float32', 'bfloat16' or 'float16'")
+        if c.vllm.dtype not in ("", *ENGINE_DTYPES):
+            fail(f"unknown vllm.dtype {c.vllm.dtype!r}; expected '' (= dtype) or one of {ENGINE_DTYPES}")
+        tp = c.vllm.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            fail(f"vllm.tensor_parallel_size={tp!r}: expected a whole number >= 1 (the engine's workers)")
+        if c.vllm.server_url and not is_server_url(c.vllm.server_url):
+            fail(f"vllm.server_url={c.vllm.server_url!r}: expected '' (the engine in this process) or http://host:port")
+        if c.vllm.server_url and tp > 1:
+            fail(
+                f"vllm.tensor_parallel_size={tp} with vllm.server_url: a server's tensor parallelism is its own "
+                "(scripts/vllm_server.py --tensor-parallel-size)"
+            )
+        if c.vllm.lora_sync == "adapter" and c.lora.rank and (c.vllm.server_url or tp > 1):
+            fail(
+                "vllm.lora_sync='adapter' runs on one in-process worker: use vllm.lora_sync='merged' with "
+                f"vllm.server_url={c.vllm.server_url!r}, vllm.tensor_parallel_size={tp}"
+            )
+        if not c.vllm.timeout_s > 0:
+            fail(f"vllm.timeout_s={c.vllm.timeout_s} must be > 0 (seconds)")
+        if c.vllm.transfer not in TRANSFERS:
+            fail(f"vllm.transfer={c.vllm.transfer!r}: expected one of {TRANSFERS}")
         filtered = c.top_p < 1.0 or c.top_k > 0
         if (c.old_logprobs == "sampler" or algorithm.decoupled) and (filtered or c.temperature != 1.0):
             fail(
@@ -341,8 +363,6 @@ def validate_settings(config) -> None:
 def validate_placement(config) -> None:
     """The checks against the processes and devices this run has (these start JAX's backend)."""
     c = config
-    if jax.process_count() > 1 and c.sampler == "vllm":
-        fail(f"sampler='vllm' runs in one process only (one in-process engine), not {jax.process_count()}")
     if jax.process_count() > 1 and (algorithms.ALGORITHMS[c.algorithm_name].decoupled or c.env_name):
         fail(
             f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r} runs in one process only: across "

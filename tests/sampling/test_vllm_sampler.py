@@ -9,7 +9,7 @@ from flax import nnx
 
 from mathrl_jax import sharding as S
 from mathrl_jax.models import hf
-from mathrl_jax.sampling.vllm_sampler import torch_weights
+from mathrl_jax.sampling.vllm import torch_weights
 from tests.models.conftest import VARIANTS, make_torch_model
 
 torch = pytest.importorskip("torch")

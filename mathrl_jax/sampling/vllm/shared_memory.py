@@ -1,0 +1,240 @@
+"""A vLLM weight-transfer engine over shared memory: the trainer writes safetensors files, every worker reads them.
+
+vLLM's weight-transfer protocol (`vllm.distributed.weight_transfer`) moves a trainer's weights into a running engine:
+the trainer side (`TrainerWeightTransferEngine`) iterates a `WeightSource` and drives the engine's four calls
+(`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`) through a client
+(the in-process `LLM`, or the server's RLHF routes over HTTP); the worker side (`WeightTransferEngine`, one in every
+tensor-parallel worker) receives and loads. vLLM ships engines for GPUs (NCCL, CUDA IPC). This one is the transport
+for an engine whose workers cannot share the trainer's memory and have no GPU interconnect: vLLM's CPU build at
+tensor parallel > 1, or a `vllm serve` process on the trainer's host.
+
+    trainer                                         every vLLM worker
+    chunk k of the source -> safetensors file  ->   update_weights({"path": ..., "names": [...]})
+    (in `directory`, by default /dev/shm: memory)   safe_open(path) -> model.load_weights (its own TP shard)
+
+Chunks of at most `chunk_bytes` bound the memory the files take; each file is removed once every worker has loaded
+it (`update_weights` returns after all workers did). Loading runs inside vLLM's layerwise reload, as its NCCL and
+IPC engines do (`start_weight_update` / `finish_weight_update`): checkpoint names in, vLLM's own fusing (q/k/v,
+gate/up) and re-layout after.
+
+The trainer and the engine must see one file system: one host (or a shared mount given as `directory`). An engine
+on another host needs the NCCL engine. Why a file and not a socket or a gloo group: a file in tmpfs reaches any
+number of workers in any process with one write, needs no rendezvous that could hang, and the workers' reads are
+memory copies; safetensors is the checkpoint format both sides already read.
+
+Registered with vLLM's factories under `BACKEND` by `mathrl_jax.sampling.vllm.plugin`, a `vllm.general_plugins`
+entry point, so that every vLLM process (the engine core, each worker, a server) knows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from typing import Any, ClassVar, Dict, Iterator, List, Set, Tuple
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from vllm.distributed.weight_transfer.base import (
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from mathrl_jax.sampling.vllm.plugin import BACKEND
+
+DEFAULT_CHUNK_BYTES = 1 << 30
+
+
+def default_directory() -> str:
+    """/dev/shm where the host has it (memory, not disk), else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+@dataclasses.dataclass
+class SharedMemoryInitInfo(WeightTransferInitInfo):
+    """Worker side: the directory the trainer writes its files in (checked to be visible to the worker)."""
+
+    directory: str
+
+
+@dataclasses.dataclass
+class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
+    """One chunk: its file and the Hugging Face names it holds, in order."""
+
+    path: str
+    names: List[str]
+
+
+class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]):
+    """The worker side: loads each chunk's file into this worker's model (its tensor-parallel shard)."""
+
+    init_info_cls = SharedMemoryInitInfo
+    update_info_cls = SharedMemoryUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        # Every trainer that opened a transfer (a server outlives its trainers, and a run's processes or a rerun
+        # each open their own): a request may name files in these directories only.
+        self.directories: Set[str] = set()
+
+    def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
+        if not os.path.isdir(init_info.directory):
+            raise ValueError(
+                f"{BACKEND}: the trainer's directory {init_info.directory!r} is not visible to this vLLM worker "
+                "(the shared-memory transport needs the trainer and the engine on one host, or a shared mount)"
+            )
+        self.directories.add(os.path.realpath(init_info.directory))
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: Dict[str, Any]) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which raises where there is no accelerator
+        # (vLLM's CPU build); loading here is synchronous on a CPU.
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
+        path = os.path.realpath(update_info.path)
+        if os.path.dirname(path) not in self.directories:  # a request names a file: only in a trainer's directory
+            raise ValueError(f"{BACKEND}: {update_info.path!r} is in no directory a trainer opened a transfer with")
+        try:
+            with safe_open(path, framework="pt", device="cpu") as chunk:
+                held = list(chunk.keys())
+                if sorted(held) != sorted(update_info.names):
+                    raise ValueError(f"{BACKEND}: {path} holds {held}, the update names {update_info.names}")
+                self.model.load_weights((name, chunk.get_tensor(name)) for name in update_info.names)
+        except BaseException:
+            # vLLM's worker ends the update session on an error here without finishing the layerwise reload, which
+            # would leave its bookkeeping (layers on the meta device, weights held back) to corrupt the next sync.
+            # Finish it now: the layers not reached keep their old weights, and the trainer's sampler knows the
+            # model is not the source's (it refuses to sample until a sync completes).
+            try:
+                self.finish_weight_update()
+            except Exception:  # the load's own error is the one to report
+                pass
+            raise
+
+    def shutdown(self) -> None:
+        pass  # nothing held between updates; a trainer removes its own directory
+
+
+@dataclasses.dataclass
+class SharedMemoryTrainerInitInfo(TrainerInitInfo):
+    """Trainer side: where the files go (a tmpfs by default) and the most bytes one file holds."""
+
+    backend: ClassVar[str] = BACKEND
+    directory: str = dataclasses.field(default_factory=default_directory)
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+class SharedMemoryTrainerWeightTransferEngine(TrainerWeightTransferEngine[SharedMemoryTrainerInitInfo]):
+    """The trainer side: writes the source in chunks of files and has the engine load each (`send_weights`).
+
+    A failure part-way (a write, a worker's load, the client) still ends the engine's update session, so that the
+    engine can take the next one, and removes the files; the caller must treat the engine's weights as unknown
+    until a `send_weights` completes (the samplers do: they refuse to sample until then)."""
+
+    init_info_cls = SharedMemoryTrainerInitInfo
+
+    def __init__(self, *, client, source, is_sender: bool = True, directory: str, chunk_bytes: int) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.directory = directory
+        self.chunk_bytes = int(chunk_bytes)
+        self.bytes_sent = 0  # of the last send_weights
+
+    @classmethod
+    def trainer_init(cls, init_info: SharedMemoryTrainerInitInfo, *, client, source=None):
+        if source is None:
+            raise ValueError(f"{BACKEND}: the trainer engine needs a WeightSource")
+        if init_info.chunk_bytes < 1:
+            raise ValueError(f"{BACKEND}: chunk_bytes={init_info.chunk_bytes}, expected >= 1")
+        if not os.path.isdir(init_info.directory):
+            raise ValueError(f"{BACKEND}: directory {init_info.directory!r} does not exist")
+        directory = tempfile.mkdtemp(prefix="mathrl_weights_", dir=init_info.directory) if init_info.is_sender else ""
+        engine = cls(
+            client=client,
+            source=source,
+            is_sender=init_info.is_sender,
+            directory=directory,
+            chunk_bytes=init_info.chunk_bytes,
+        )
+        if engine.is_sender:
+            try:
+                client.init_weight_transfer_engine({"directory": directory})
+            except BaseException:
+                engine.shutdown()
+                raise
+        return engine
+
+    def send_weights(self) -> None:
+        if not self.is_sender:
+            for _ in self.source:  # a source whose iteration is a collective: every rank takes part
+                pass
+            return
+        self.bytes_sent = 0
+        try:
+            self.client.start_weight_update()
+        except Exception:
+            # A session left open by a trainer that died mid-sync (the engine refuses a second one): close it, then
+            # start again; a second refusal is the engine's real answer.
+            _quietly(self.client.finish_weight_update)
+            self.client.start_weight_update()
+        try:
+            for index, chunk in enumerate(_chunks(iter(self.source), self.chunk_bytes)):
+                path = os.path.join(self.directory, f"chunk_{index}.safetensors")
+                save_file(dict(chunk), path)
+                try:
+                    self.client.update_weights({"path": path, "names": [name for name, _ in chunk]})
+                finally:
+                    os.unlink(path)
+                self.bytes_sent += sum(t.numel() * t.element_size() for _, t in chunk)
+        except BaseException:
+            # Close the engine's session if it is still open (a failure on this side: a write, the source); after a
+            # failed load the engine closed it itself. The layers not reached keep their old weights: the caller
+            # knows from this exception that the engine's weights are not the source's.
+            _quietly(self.client.finish_weight_update)
+            raise
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = ""
+
+
+def _quietly(call) -> None:
+    """`call()`, its failure ignored (a clean-up whose own error would hide the one being raised)."""
+    try:
+        call()
+    except Exception:
+        pass
+
+
+def _chunks(pairs: Iterator[Tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+    """Consecutive groups of `(name, tensor)` pairs of at most `chunk_bytes` (a larger tensor alone)."""
+    chunk: List[Tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in pairs:
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunk and size + nbytes > chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor.contiguous()))
+        size += nbytes
+    if chunk:
+        yield chunk
