@@ -170,6 +170,51 @@ def test_two_processes_train_as_one_process_on_four_devices(tmp_path, flags):
     assert sorted(os.listdir(two / "checkpoints")) == [str(i) for i in range(1, iterations + 1)]
 
 
+@pytest.mark.parametrize("where", ["engine", "server"])
+def test_two_processes_with_the_vllm_sampler_train_as_one(tmp_path, where):
+    """`sampler="vllm"` over two processes: each samples its share of every batch (its own in-process engine, or a
+    server they share, synced by process 0 alone) with the seeds the one-process run gives those prompts, and the
+    shares are gathered. Two iterations (the second samples after a sync) train as one process does: the same
+    rollouts, so the metrics and weights agree to the rounding of the cross-process reductions, as the JAX
+    sampler's two-process run does."""
+    from tests.sampling.conftest import free_port, require_vllm
+
+    require_vllm()
+    from mathrl_jax.models import write_tiny_checkpoint
+    from mathrl_jax.sampling.vllm import start_server
+
+    flags = [
+        "--config.warmstart.steps=0", "--config.num_iterations=2", "--config.eval_interval=0",
+        "--config.sampler=vllm", "--config.vllm.kv_cache_gib=0.25",
+    ]  # fmt: skip
+    server = None
+    if where == "server":
+        write_tiny_checkpoint(str(tmp_path / "tiny"), seed=0)  # the architecture; the weights are synced
+        server = start_server(str(tmp_path / "tiny"), port=free_port(), log_path=str(tmp_path / "server.log"))
+        flags.append(f"--config.vllm.server_url={server.url}")
+    try:
+        two, one = tmp_path / "two", tmp_path / "one"
+        train_two_processes(two, *flags)
+        train_one_process(one, *flags)
+    finally:
+        if server is not None:
+            server.stop()
+    two_records, lines = records(two)
+    one_records, one_lines = records(one)
+    assert lines == one_lines and sorted(two_records) == [1, 2]
+    for step in one_records:
+        a, b = comparable(one_records[step]), comparable(two_records[step])
+        assert sorted(a) == sorted(b)
+        assert b["async/policy_version"] == a["async/policy_version"] == step - 1  # sampled after each sync
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
+    a, b = final_weights(one), final_weights(two)
+    initial = load_file(os.path.join(one, "initial_model", "model.safetensors"))
+    assert max(float(np.abs(a[k] - initial[k]).max()) for k in a) > 1e-4
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
+
+
 def test_grading_is_shared_out_and_gathered_in_order(tmp_path):
     """Each process grades its contiguous share of a batch; every process gets the whole batch's verdicts, in the
     batch's order, equal to grading it in one process."""

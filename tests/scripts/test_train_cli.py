@@ -134,6 +134,27 @@ CASES = {
     "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
     "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "vllm.lora_sync='both'"),
     "unknown JAX sampler LoRA sync": (lambda t: ["--config.jax_sampler.lora_sync=no"], "jax_sampler.lora_sync='no'"),
+    "no vLLM workers": (
+        lambda t: ["--config.sampler=vllm", "--config.vllm.tensor_parallel_size=0"],
+        "vllm.tensor_parallel_size=0",
+    ),
+    "a server address without its scheme": (
+        lambda t: ["--config.sampler=vllm", "--config.vllm.server_url=localhost:8000"],
+        "vllm.server_url='localhost:8000'",
+    ),
+    "a server with the in-process engine's tensor parallelism": (
+        lambda t: ["--config.sampler=vllm", "--config.vllm.server_url=http://127.0.0.1:1", "--config.vllm.tensor_parallel_size=2"],
+        "a server's tensor parallelism is its own",
+    ),
+    "no server there": (  # port 1: nothing listens; refused before anything is written
+        lambda t: ["--config.sampler=vllm", "--config.vllm.server_url=http://127.0.0.1:1"],
+        "the vLLM server at http://127.0.0.1:1 did not answer",
+    ),
+    "unknown weight transfer": (
+        lambda t: ["--config.sampler=vllm", "--config.vllm.transfer=pigeon"],
+        "vllm.transfer='pigeon'",
+    ),
+    "no time for a server": (lambda t: ["--config.sampler=vllm", "--config.vllm.timeout_s=0"], "vllm.timeout_s=0"),
     "shared critic base without LoRA": (
         lambda t: ["--config.algorithm_name=ppo", "--config.lora.share_critic_base=True"],
         "no frozen base (rank 0)",

@@ -1,0 +1,128 @@
+"""docs/vllm.md's server mode as a user runs it: `scripts/vllm_server.py` in one process, `scripts/train.py
+--config.vllm.server_url=...` in another (vLLM's CPU build, localhost). A server that dies mid-run stops the run
+with exit status 2 and one line naming it; the checkpoints are intact, and the same command, rerun against a new
+server, resumes from the last one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from tests.sampling.conftest import free_port, require_vllm
+
+require_vllm()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = [
+    "--config.sampler=vllm",
+    "--config.warmstart.steps=0",
+    "--config.n_rollout_threads=4",
+    "--config.group_size=2",
+    "--config.num_mini_batch=1",
+    "--config.max_new_tokens=8",
+    "--config.eval_interval=0",
+    "--config.arithmetic.num_train=64",
+    "--config.arithmetic.num_eval=4",
+    "--config.num_eval_problems=4",
+    "--config.save_interval=1",
+    "--config.max_to_keep=100",
+    "--config.progress=False",
+    "--config.vllm.timeout_s=20",
+]
+
+
+def serve(tmp_path, port):
+    """The documented command, in its own session (vLLM's engine core is its child: killed with it)."""
+    log = open(tmp_path / f"server_{port}.log", "ab")
+    server = subprocess.Popen(
+        [sys.executable, "scripts/vllm_server.py", "--model", "tiny", "--tiny-dir", str(tmp_path / "tiny"),
+         "--port", str(port), "--kv-cache-gib", "0.25"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert server.poll() is None, (tmp_path / f"server_{port}.log").read_text()[-3000:]
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return server
+        except requests.RequestException:
+            time.sleep(1)
+    raise AssertionError("the server did not start")
+
+
+def train(run_dir, url, iterations, **popen):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    command = [sys.executable, "scripts/train.py", f"--config.run_dir={run_dir}", f"--config.vllm.server_url={url}"]
+    return subprocess.Popen(
+        [*command, f"--config.num_iterations={iterations}", *RUN],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
+    )  # fmt: skip
+
+
+def steps(run_dir):
+    directory = os.path.join(run_dir, "checkpoints")
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit()) if os.path.isdir(directory) else []
+
+
+def test_the_documented_print_command_is_the_one_that_runs():
+    done = subprocess.run(
+        [sys.executable, "scripts/vllm_server.py", "--model", "tiny", "--port", "8123", "--print"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("VLLM_SERVER_DEV_MODE=1 ")
+    for flag in ("--enable-scale-out", "--port 8123", "mathrl_shared_memory", "--logprobs-mode processed_logprobs"):
+        assert flag in done.stdout
+
+
+@pytest.mark.parametrize("bad, named", [(["--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+                                        (["--model", "tiny", "--tensor-parallel-size", "0"], "--tensor-parallel-size 0")])
+def test_the_server_script_refuses_bad_input_in_one_line(bad, named):
+    done = subprocess.run([sys.executable, "scripts/vllm_server.py", *bad], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and named in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    run_dir = tmp_path / "run"
+    server = serve(tmp_path, port)
+    try:
+        trainer = train(run_dir, url, iterations=200)
+        deadline = time.monotonic() + 300
+        while len(steps(run_dir)) < 2 and trainer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(steps(run_dir)) >= 2, trainer.communicate()[1][-3000:]
+        os.killpg(server.pid, signal.SIGKILL)
+        killed_at = time.time()
+        out, err = trainer.communicate(timeout=120)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert trainer.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train.py: error:") and f"the vLLM server at {url}" in last, err[-3000:]
+    assert "Traceback" not in err
+    saved = steps(run_dir)
+    assert saved and saved[-1] < 200
+
+    server = serve(tmp_path, port)  # the same command, again
+    try:
+        rerun = train(run_dir, url, iterations=saved[-1] + 2)
+        out, err = rerun.communicate(timeout=600)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert rerun.returncode == 0, err[-3000:]
+    assert steps(run_dir)[-1] == saved[-1] + 2
+    with open(run_dir / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    trained = sorted({r["step"] for r in records if "rollout/rewards" in r})
+    assert trained == list(range(1, saved[-1] + 3))  # every iteration once: the rerun went on from the checkpoint
+    assert all(r["time"] < killed_at for r in records if r["step"] <= saved[-1])  # kept from before the kill
+    assert all(r["time"] > killed_at for r in records if r["step"] > saved[-1])
