@@ -38,6 +38,21 @@ def test_the_vllm_example_runs_on_the_engine(tmp_path):
     assert version == "1" and 1 <= len(eval(ids)) <= 8
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install_vllm_cpu.sh)")
+def test_the_vllm_server_example_runs_against_a_server_it_starts(tmp_path):
+    from tests.sampling.conftest import free_port
+
+    script = tmp_path / "example.py"
+    code = block(ROOT / "docs" / "vllm.md", "vllm-server")
+    assert "port=8031" in code
+    script.write_text(code.replace("port=8031", f"port={free_port()}"))  # the documented port may be taken here
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version, ids = re.search(r"^(\d+) (\[[\d, ]*\])", done.stdout, re.M).groups()
+    assert version == "1" and 1 <= len(eval(ids)) <= 8
+
+
 def test_the_sandbox_example_runs(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(block(ROOT / "docs" / "sandbox.md", "sandbox"))

@@ -57,6 +57,10 @@ def test_readme_first_command_runs_the_training_script():
 RUN_ELSEWHERE = {
     ("README.md", "quickstart"): "scripts/quickstart.py, run by test_quickstart_reward_rises",
     ("docs/vllm.md", "vllm"): "tests/test_docs.py runs it on the real engine, skipped where vLLM is not installed",
+    (
+        "docs/vllm.md",
+        "vllm-server",
+    ): "tests/test_docs.py runs it against a server on a free port (the block's may be taken)",
     ("docs/sandbox.md", "sandbox"): "tests/test_docs.py runs it and checks its output",
 }
 

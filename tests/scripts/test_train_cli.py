@@ -143,7 +143,11 @@ CASES = {
         "vllm.server_url='localhost:8000'",
     ),
     "a server with the in-process engine's tensor parallelism": (
-        lambda t: ["--config.sampler=vllm", "--config.vllm.server_url=http://127.0.0.1:1", "--config.vllm.tensor_parallel_size=2"],
+        lambda t: [
+            "--config.sampler=vllm",
+            "--config.vllm.server_url=http://127.0.0.1:1",
+            "--config.vllm.tensor_parallel_size=2",
+        ],
         "a server's tensor parallelism is its own",
     ),
     "no server there": (  # port 1: nothing listens; refused before anything is written

@@ -1,5 +1,6 @@
-"""docs/vllm.md's server mode as a user runs it: `scripts/vllm_server.py` in one process, `scripts/train.py
---config.vllm.server_url=...` in another (vLLM's CPU build, localhost). A server that dies mid-run stops the run
+"""docs/vllm.md's commands beyond one in-process worker, as a user runs them (vLLM's CPU build, localhost):
+`scripts/train.py --config.vllm.tensor_parallel_size=2`, and the server mode, `scripts/vllm_server.py` in one
+process and `scripts/train.py --config.vllm.server_url=...` in another. A server that dies mid-run stops the run
 with exit status 2 and one line naming it; the checkpoints are intact, and the same command, rerun against a new
 server, resumes from the last one."""
 
@@ -80,8 +81,13 @@ def test_the_documented_print_command_is_the_one_that_runs():
         assert flag in done.stdout
 
 
-@pytest.mark.parametrize("bad, named", [(["--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
-                                        (["--model", "tiny", "--tensor-parallel-size", "0"], "--tensor-parallel-size 0")])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (["--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+        (["--model", "tiny", "--tensor-parallel-size", "0"], "--tensor-parallel-size 0"),
+    ],
+)
 def test_the_server_script_refuses_bad_input_in_one_line(bad, named):
     done = subprocess.run([sys.executable, "scripts/vllm_server.py", *bad], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and named in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -126,3 +132,21 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(tmp_
     assert trained == list(range(1, saved[-1] + 3))  # every iteration once: the rerun went on from the checkpoint
     assert all(r["time"] < killed_at for r in records if r["step"] <= saved[-1])  # kept from before the kill
     assert all(r["time"] > killed_at for r in records if r["step"] > saved[-1])
+
+
+def test_the_tensor_parallel_command_trains_with_a_sync_every_iteration(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    flags = [f for f in RUN if not f.startswith(("--config.save_interval", "--config.max_to_keep"))]
+    done = subprocess.run(
+        [sys.executable, "scripts/train.py", f"--config.run_dir={tmp_path / 'run'}", "--config.num_iterations=2",
+         "--config.vllm.tensor_parallel_size=2", "--config.vllm.kv_cache_gib=0.25", *flags],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        trained = [r for r in map(json.loads, f) if "rollout/rewards" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    for record in trained:
+        assert record["async/policy_version"] == record["step"] - 1  # sampled with the weights synced before it
+        assert record["perf/sync_time"] > 0
+        assert record["rollout/sampler_logprob_diff"] < 1e-5  # the workers hold the trainer's params

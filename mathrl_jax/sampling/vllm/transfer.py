@@ -45,7 +45,10 @@ class JaxWeightSource(WeightSource):
         self.state: Any = None
 
     def metadata(self) -> List[ParamMeta]:
-        return [ParamMeta(name, self.torch_dtype, tuple(spec.shape)) for name, spec in hf.parameter_table(self.config).items()]
+        return [
+            ParamMeta(name, self.torch_dtype, tuple(spec.shape))
+            for name, spec in hf.parameter_table(self.config).items()
+        ]
 
     def __iter__(self) -> Iterator[Tuple[str, Any]]:
         if self.state is None:
