@@ -67,3 +67,42 @@ def test_torch_weights_without_jax_side_copies(variant, tmp_path):
     assert default_copies == sorted(name for name, spec in table.items() if spec.transpose) != []
     for name, tensor in views.items():
         assert torch.equal(tensor, default[name]), name
+
+
+@pytest.mark.parametrize("variant, dtype", [("qwen2", "float32"), ("qwen3", "bfloat16")])
+def test_the_weight_source_declares_what_it_yields(variant, dtype, tmp_path):
+    """vLLM's transfer engines size their buffers from `metadata()` and send what iteration yields: the two agree
+    name for name, in order, in dtype and shape, and iteration is the conversion above (a tied embedding once)."""
+    pytest.importorskip("vllm", reason="JaxWeightSource is vLLM's WeightSource")
+    from mathrl_jax.sampling.vllm import JaxWeightSource
+
+    make_torch_model(variant).save_pretrained(str(tmp_path))
+    model = hf.load_model(str(tmp_path))
+    source = JaxWeightSource(model.config, dtype)
+    with pytest.raises(RuntimeError, match="no state"):
+        next(iter(source))
+    source.state = nnx.state(model)
+    declared = [(m.name, m.dtype, m.shape) for m in source.metadata()]
+    yielded = [(name, t.dtype, tuple(t.shape)) for name, t in source]
+    assert declared == yielded and len(declared) == len(hf.parameter_table(model.config))
+    assert {d for _, d, _ in declared} == {getattr(torch, dtype)}
+    again = dict(source)  # re-iterable: a fresh pass each time
+    for name, tensor in torch_weights(source.state, model.config, dtype=jnp.dtype(dtype)):
+        assert torch.equal(again[name], tensor), name
+
+
+def test_shared_memory_chunks_keep_order_and_bound_their_bytes():
+    pytest.importorskip("vllm", reason="the shared-memory engine is a vLLM weight-transfer engine")
+    from mathrl_jax.sampling.vllm.shared_memory import _chunks
+
+    rng = np.random.default_rng(0)
+    pairs = [(f"t{i}", torch.zeros(int(n), dtype=torch.float32)) for i, n in enumerate(rng.integers(1, 400, 60))]
+    for limit in (1, 100, 1000, 4000, 10**9):
+        chunks = list(_chunks(iter(pairs), limit))
+        assert [name for chunk in chunks for name, _ in chunk] == [name for name, _ in pairs]
+        for chunk in chunks:
+            size = sum(t.numel() * 4 for _, t in chunk)
+            assert size <= limit or len(chunk) == 1  # a tensor over the limit travels alone
+        if limit >= 4 * 400:  # every tensor fits: a chunk ends only where the next would not
+            for chunk, following in zip(chunks, chunks[1:]):
+                assert sum(t.numel() * 4 for _, t in chunk) + following[0][1].numel() * 4 > limit

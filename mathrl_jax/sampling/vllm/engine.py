@@ -89,6 +89,21 @@ def cpu_thread_binding(workers: int) -> str:
     return "|".join(",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(workers))
 
 
+def _finish_failed_reload(worker) -> None:
+    """Ends a layerwise reload that stopped on an error, in the worker (`collective_rpc`): vLLM's `reload_weights`
+    leaves its bookkeeping (layers on the meta device, the weights received so far held back) as the error found
+    it, and the next sync then failed on them. Finishing it places the old weights back where none arrived; the
+    sampler knows the model is not the source's and refuses to sample until a sync completes. The finish may fail
+    on the weight that stopped the reload: what it could restore is restored, and that error is not the one to
+    report."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    try:
+        finalize_layerwise_reload(worker.get_model(), worker.model_config)
+    except Exception:
+        pass
+
+
 @contextlib.contextmanager
 def _environment(**values: str):
     """The environment variables `values` set for the block, then as they were."""
@@ -281,9 +296,13 @@ class VllmSampler(EngineSampler):
             weights = torch_weights(
                 state, self.config, dtype=jnp.dtype(self.dtype), transpose_in_torch=self.transpose_in_torch
             )
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-            )
+            try:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                )
+            except BaseException:
+                self.llm.collective_rpc(_finish_failed_reload)
+                raise
         else:
             self._transfer_engine().source.state = state
             try:

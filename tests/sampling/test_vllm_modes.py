@@ -1,8 +1,9 @@
-"""vLLM engines whose workers are other processes, on the real engine (its CPU build in CI): `VllmSampler` at tensor
-parallel 2 (two worker processes) and `VllmServerSampler` against a vLLM server started here. Both are synced
-through vLLM's weight-transfer protocol with the shared-memory engine, in chunks of 100 kB (the tiny model's 3.3 MB
-in ~40 steps, so a failure can fall part-way). Each must sample as the `JaxSampler` does on the params just synced,
-follow every sync, and never sample from weights a sync left half-done."""
+"""Every way of running vLLM, on the real engine (its CPU build in CI): `VllmSampler` with one worker in this process
+(the params streamed into vLLM's in-place reload), at tensor parallel 2 (two worker processes), and
+`VllmServerSampler` against a vLLM server started here. The last two are synced through vLLM's weight-transfer
+protocol with the shared-memory engine, in chunks of 100 kB (the tiny model's 3.3 MB in ~40 steps, so a failure can
+fall part-way). Each must sample as the `JaxSampler` does on the params just synced, follow every sync (not the
+random checkpoint it started from), and never sample from weights a sync left half-done."""
 
 import os
 import signal
@@ -34,19 +35,20 @@ from mathrl_jax.sampling.vllm import (  # noqa: E402
 CHUNK_BYTES = 100_000
 
 
-@pytest.fixture(scope="module", params=["tensor_parallel", "server"])
+@pytest.fixture(scope="module", params=["in_process", "tensor_parallel", "server"])
 def remote(request, warm_tiny, tmp_path_factory):
-    """An engine over other processes, with a way to read the version it reports."""
+    """An engine, with a way to read the version it reports."""
     common = dict(
         config=warm_tiny.config,
         eos_token_ids=[warm_tiny.codec.eos_token_id],
         tokenizer=warm_tiny.codec,
         transfer_chunk_bytes=CHUNK_BYTES,
     )
-    if request.param == "tensor_parallel":
-        engine = VllmSampler(warm_tiny.directory, kv_cache_gib=0.25, tensor_parallel_size=2, **common)
+    if request.param in ("in_process", "tensor_parallel"):
+        workers = 2 if request.param == "tensor_parallel" else 1
+        engine = VllmSampler(warm_tiny.directory, kv_cache_gib=0.25, tensor_parallel_size=workers, **common)
         yield types.SimpleNamespace(
-            **vars(warm_tiny), kind="tensor_parallel", engine=engine, version=engine.llm.llm_engine.get_weight_version
+            **vars(warm_tiny), kind=request.param, engine=engine, version=engine.llm.llm_engine.get_weight_version
         )
         engine.close()
         return
@@ -95,8 +97,9 @@ def test_greedy_tokens_and_logprobs_equal_the_jax_samplers_after_a_sync(remote):
 
 
 def test_the_engine_follows_each_of_several_syncs(remote):
-    """Synced the warm-started params, those params three optimizer steps on, then the random ones: each time its
-    sampled log-probs (temperature 1) are the trainer's for the params just synced, and far from the others'."""
+    """The engine started from the random checkpoint on disk. Synced the warm-started params, those params three
+    optimizer steps on, then the random ones: each time its sampled log-probs (temperature 1) are the trainer's for
+    the params just synced, and far from the others'."""
     states = {"warm": remote.state, "stepped": remote.stepped, "random": remote.random_state}
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=5)
     for version, name in enumerate(states, start=10):
@@ -110,6 +113,7 @@ def test_the_engine_follows_each_of_several_syncs(remote):
             np.concatenate(rollouts.logprobs), np.concatenate(rollouts.policy_logprobs)
         )
     assert remote.engine.generate(remote.prompts[:16], params).completion_ids == rollouts.completion_ids  # seeded
+    assert np.isfinite(remote.engine.last_sync_seconds) and remote.engine.last_sync_seconds > 0
 
 
 @pytest.mark.parametrize("how", ["missing", "wrong shape"])
