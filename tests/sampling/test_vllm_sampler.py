@@ -106,3 +106,29 @@ def test_shared_memory_chunks_keep_order_and_bound_their_bytes():
         if limit >= 4 * 400:  # every tensor fits: a chunk ends only where the next would not
             for chunk, following in zip(chunks, chunks[1:]):
                 assert sum(t.numel() * 4 for _, t in chunk) + following[0][1].numel() * 4 > limit
+
+
+def test_the_nccl_transfer_is_set_up_as_vllm_expects_without_a_gpu_to_run_it():
+    """What can be checked of the GPU path here: its init info (this process the sender, rank 0 of a group with the
+    engine's workers), the choice of engine, and the server command for a GPU machine. The broadcast itself needs
+    GPUs and has not run."""
+    pytest.importorskip("vllm", reason="vLLM's NCCL engine's init info")
+    import json
+
+    from mathrl_jax.sampling.vllm import plugin
+    from mathrl_jax.sampling.vllm.launch import serve_command
+    from mathrl_jax.sampling.vllm.transfer import init_info, resolve_transfer
+
+    info = init_info("nccl", engine_world_size=4, host="10.0.0.7", chunk_bytes=1 << 28)
+    assert (info.backend, info.rank, info.is_sender, info.world_size) == ("nccl", 0, True, 5)
+    assert info.master_address == "10.0.0.7" and 0 < info.master_port < 65536
+    assert info.packed and info.packed_buffer_size_bytes == 1 << 28
+    shared = init_info(plugin.BACKEND, engine_world_size=2)
+    assert (shared.backend, shared.rank, shared.chunk_bytes) == (plugin.BACKEND, 0, 1 << 30)
+    assert resolve_transfer("auto") == (plugin.BACKEND if jax.default_backend() != "gpu" else "nccl")
+    with pytest.raises(ValueError, match="carrier"):
+        resolve_transfer("carrier")
+    argv, environment = serve_command("/ckpt", port=8000, tensor_parallel_size=2, on_cpu=False)
+    assert json.loads(argv[argv.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    assert "--no-enable-chunked-prefill" not in argv and "VLLM_CPU_OMP_THREADS_BIND" not in environment
+    assert environment["VLLM_SERVER_DEV_MODE"] == "1" and argv[argv.index("--tensor-parallel-size") + 1] == "2"

@@ -79,6 +79,14 @@ def is_cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
+def cpu_prefill(max_model_len: int) -> dict:
+    """vLLM settings for its CPU build: whole prompts a step, in a step budget that holds the longest. The CPU build
+    cannot rewind a seeded request's random generator ("CPU Generator does not use offset"), which vLLM does when a
+    prompt's prefill is split over steps: seeded sampling of a batch whose prompts passed the step's token budget
+    (4096) crashed."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, int(max_model_len))}
+
+
 def cpu_thread_binding(workers: int) -> str:
     """`VLLM_CPU_OMP_THREADS_BIND` for `workers` CPU workers: this process's cores split into that many contiguous
     groups ("0|1" for two workers on two cores); "nobind" with fewer cores than workers."""
@@ -236,11 +244,8 @@ class VllmSampler(EngineSampler):
             free, total = torch.cuda.mem_get_info()
             llm_kwargs["gpu_memory_utilization"] = 0.9 * free / total
         if self.on_cpu:
-            # The CPU build cannot rewind a seeded request's random generator ("CPU Generator does not use offset"),
-            # which vLLM does when a prompt's prefill is split over steps: seeded sampling of a batch whose prompts
-            # pass the step's token budget (4096) crashed. Whole prompts a step, a budget that holds the longest.
-            llm_kwargs.setdefault("enable_chunked_prefill", False)
-            llm_kwargs.setdefault("max_num_batched_tokens", max(4096, max_model_len or config.max_position_embeddings))
+            for key, value in cpu_prefill(max_model_len or config.max_position_embeddings).items():
+                llm_kwargs.setdefault(key, value)
         if tensor_parallel_size > 1:
             llm_kwargs.update(
                 tensor_parallel_size=tensor_parallel_size,

