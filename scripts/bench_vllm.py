@@ -123,7 +123,13 @@ def main(argv=None):
         f"new tokens, {args.syncs} syncs, {len(os.sched_getaffinity(0))} cores, JAX on {jax.default_backend()}"
     )
     # Random ids beyond the character tokenizer's: the engines work on ids alone.
-    common = dict(config=model.config, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype, skip_tokenizer_init=True)
+    # The longest request (prompts of 16-24 tokens): a checkpoint's own limit (32,768 at Qwen's shapes) would need a
+    # KV cache that holds one such sequence.
+    max_model_len = 32 + args.new_tokens
+    common = dict(
+        config=model.config, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype, skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+    )  # fmt: skip
     results = {}
     for mode in args.modes:
         start = time.perf_counter()
@@ -131,7 +137,7 @@ def main(argv=None):
             log = os.path.join(directory, "server.log")
             server = start_server(
                 directory, port=free_port(), log_path=log, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
-                extra=["--skip-tokenizer-init"],
+                max_model_len=max_model_len, extra=["--skip-tokenizer-init"],
             )  # fmt: skip
             try:
                 sampler = VllmServerSampler(server.url, config=model.config)

@@ -170,7 +170,7 @@ def test_two_processes_train_as_one_process_on_four_devices(tmp_path, flags):
     assert sorted(os.listdir(two / "checkpoints")) == [str(i) for i in range(1, iterations + 1)]
 
 
-@pytest.mark.parametrize("where", ["engine", "server"])
+@pytest.mark.parametrize("where", ["engine", pytest.param("server", marks=pytest.mark.slow)])
 def test_two_processes_with_the_vllm_sampler_train_as_one(tmp_path, where):
     """`sampler="vllm"` over two processes: each samples its share of every batch (its own in-process engine, or a
     server they share, synced by process 0 alone) with the seeds the one-process run gives those prompts, and the
