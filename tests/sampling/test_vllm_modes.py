@@ -134,11 +134,10 @@ def test_a_sync_that_fails_part_way_is_never_sampled_from(remote, how):
     assert got.completion_ids == remote.jax_sampler(remote.state).generate(remote.prompts[:16], params).completion_ids
 
 
+@pytest.mark.parametrize("remote", ["server"], indirect=True)
 def test_weights_synced_by_another_client_are_detected(remote):
     """Two trainers on one server: the second's sync changes the weights under the first, whose next generate
     raises instead of returning rollouts of another policy."""
-    if remote.kind != "server":
-        pytest.skip("one client per in-process engine")
     remote.engine.update_weights(remote.state, version=30)
     other = VllmServerSampler(remote.server.url, timeout_s=120, **remote.common)
     try:
@@ -170,12 +169,11 @@ sampler.update_weights(tree, version=41)
 """
 
 
+@pytest.mark.parametrize("remote", ["server"], indirect=True)
 def test_a_trainer_killed_mid_sync_leaves_a_server_the_next_one_can_sync(remote, tmp_path):
     """A trainer process that dies half-way through a sync leaves the server paused, its update session open and its
     version `incomplete:41`: no client samples those weights (a request waits, and times out naming the server),
     and the next trainer's sync closes the session, loads every weight and resumes the server."""
-    if remote.kind != "server":
-        pytest.skip("an in-process engine dies with its trainer")
     script = tmp_path / "dies.py"
     script.write_text(TRAINER_DIES_MID_SYNC)
     done = subprocess.run(
@@ -203,9 +201,8 @@ def test_a_trainer_killed_mid_sync_leaves_a_server_the_next_one_can_sync(remote,
     assert got.completion_ids == remote.jax_sampler(remote.state).generate(remote.prompts[:16], params).completion_ids
 
 
+@pytest.mark.parametrize("remote", ["server"], indirect=True)
 def test_a_server_that_does_not_answer_is_named_within_the_timeout(remote):
-    if remote.kind != "server":
-        pytest.skip("no server")
     remote.engine.update_weights(remote.state, version=50)
     remote.engine.timeout_s = 3.0
     os.kill(remote.server.process.pid, signal.SIGSTOP)  # alive, silent
