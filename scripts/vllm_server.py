@@ -26,17 +26,31 @@ sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    import inspect
+
+    from mathrl_jax.sampling.vllm.launch import serve_command
+    from mathrl_jax.sampling.vllm.sampler import ENGINE_DTYPES
+
+    default = {name: p.default for name, p in inspect.signature(serve_command).parameters.items()}  # defined there
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory, or 'tiny'")
-    parser.add_argument("--tiny-dir", default=os.path.join(tempfile.gettempdir(), "mathrl_jax_tiny_model"))
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="the KV cache's size in GiB")
+    parser.add_argument(
+        "--tiny-dir",
+        default=os.path.join(tempfile.gettempdir(), "mathrl_jax_tiny_model"),
+        help="where 'tiny' is written",
+    )
+    parser.add_argument("--port", type=int, default=8000, help="the port it listens on")
+    parser.add_argument("--host", default=default["host"], help="0.0.0.0 to serve other machines")
+    parser.add_argument("--dtype", default=default["dtype"], choices=ENGINE_DTYPES, help="weights and compute")
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=default["tensor_parallel_size"], help="its worker processes"
+    )
+    parser.add_argument("--kv-cache-gib", type=float, default=default["kv_cache_gib"], help="the KV cache in GiB")
     parser.add_argument("--max-model-len", type=int, default=None, help="the longest prompt + completion")
-    parser.add_argument("--transfer", default="auto", help="auto | mathrl_shared_memory | nccl")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transfer", default=default["transfer"], help="auto | mathrl_shared_memory | nccl")
+    parser.add_argument("--seed", type=int, default=default["seed"], help="the engine's (a request's own wins)")
     parser.add_argument("--print", action="store_true", help="print the command instead of running it")
     args, extra = parser.parse_known_args(argv)  # anything else goes to vLLM's server as it is
 
@@ -60,9 +74,6 @@ def main(argv=None) -> int:
             write_tiny_checkpoint(model, seed=0)
     elif not os.path.isfile(os.path.join(model, "config.json")):
         parser.exit(2, f"vllm_server.py: error: --model {model!r} is not a checkpoint directory (no config.json)\n")
-
-    from mathrl_jax.sampling.vllm.launch import serve_command
-
     command, environment = serve_command(
         model,
         port=args.port,

@@ -98,8 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
     # transfer). server_url: "" = the engine in this process; "http://host:port" = rollouts from a vLLM server
     # started with scripts/vllm_server.py (kv_cache_gib, tensor parallel and dtype are then the server's own).
     # timeout_s: the longest one request to a server may take before the run stops naming it (exit 2).
-    # transfer: how weights reach an engine in other processes: "auto" (NCCL beside a GPU trainer, else shared
-    # memory), "mathrl_shared_memory" (files in /dev/shm: one host), "nccl" (GPU; not run yet)
+    # transfer: how weights reach an engine in other processes: "auto" (in-process workers: shared memory; a server:
+    # the engine it was started with), "mathrl_shared_memory" (files in /dev/shm: one host), "nccl" (a GPU server;
+    # not run yet). transfer_chunk_gib: the most one transfer step holds (a file in /dev/shm, NCCL's buffer)
     config.vllm = ml_collections.ConfigDict(
         {
             "kv_cache_gib": 1.0,
@@ -109,6 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
             "server_url": "",
             "timeout_s": 600.0,
             "transfer": "auto",
+            "transfer_chunk_gib": 1.0,
         }
     )
     config.n_rollout_threads = 32  # prompts per iteration

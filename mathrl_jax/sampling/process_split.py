@@ -13,40 +13,79 @@ they share and the others wait for it and expect its version (`sends` True on pr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.sampling.base import Rollouts, SamplingParams
 from mathrl_jax.sharding import distributed
 
 
 class ProcessSplitSampler:
-    """`sampler`, shared out over the run's processes (module docstring). `sends`: whether this process syncs it."""
+    """`sampler`, shared out over the run's processes (module docstring). `sends`: whether this process syncs it.
+
+    Built by every process at the same point (a collective: the processes take process 0's version tag, so that a
+    shared server's labels are the run's, not one process's). A sync or a generation that fails on any process
+    fails on every process with that process's message (they exchange how it went instead of waiting for a peer
+    that stopped): a bad-input error (`MathRLError`: a server gone, another client's weights) stays one, so every
+    process exits with status 2 and the same line."""
 
     def __init__(self, sampler: Any, sends: bool):
         self.sampler = sampler
         self.sends = bool(sends)
+        if hasattr(sampler, "tag"):
+            sampler.tag = distributed.allgather_objects(sampler.tag)[0]
 
     def __getattr__(self, name: str) -> Any:  # what the loop reads of a sampler (last_sync_seconds, ...)
         return getattr(self.sampler, name)
 
     def update_weights(self, state: Any, version: int) -> None:
         host = distributed.fetch(state)  # every process takes part in gathering the shards
+        failure = None
         if self.sends:
-            self.sampler.update_weights(host, version)
-        distributed.barrier(f"sampler weights {int(version)}")  # the shared engine holds them before anyone samples
+            try:
+                self.sampler.update_weights(host, version)
+            except Exception as error:  # every process hears of it (_raise_any)
+                failure = error
+        _raise_any(distributed.allgather_objects(_described(failure)), failure)  # the engines hold it, or all stop
         if not self.sends:
             self.sampler.expect_weights(version)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> Rollouts:
         share = distributed.process_slice(len(prompts))
-        mine = None
+        mine, failure = None, None
         if share.stop > share.start:
             seed = None if params.seed is None else params.seed + share.start * params.n
-            mine = self.sampler.generate(list(prompts)[share], dataclasses.replace(params, seed=seed))
-        parts = distributed.allgather_objects(None if mine is None else _to_json(mine))
-        return _joined([part for part in parts if part is not None])
+            try:
+                mine = self.sampler.generate(list(prompts)[share], dataclasses.replace(params, seed=seed))
+            except Exception as error:  # every process hears of it (_raise_any)
+                failure = error
+        parts = distributed.allgather_objects(
+            {"failure": _described(failure), "rollouts": None if mine is None else _to_json(mine)}
+        )
+        _raise_any([part["failure"] for part in parts], failure)
+        return _joined([part["rollouts"] for part in parts if part["rollouts"] is not None])
+
+
+def _described(error: Optional[BaseException]) -> Optional[dict]:
+    if error is None:
+        return None
+    return {"message": str(error), "bad_input": isinstance(error, MathRLError), "type": type(error).__name__}
+
+
+def _raise_any(failures: List[Optional[dict]], own: Optional[BaseException]) -> None:
+    """Raises this process's own error, else the first other process's, on every process alike."""
+    if own is not None:
+        raise own
+    for index, failure in enumerate(failures):
+        if failure is not None:
+            text = f"process {index}'s sampler: {failure['message']}"
+            raise (PeerSamplerError(text) if failure["bad_input"] else RuntimeError(f"{text} ({failure['type']})"))
+
+
+class PeerSamplerError(MathRLError, RuntimeError):
+    """Another process's sampler met bad input (a server gone, another client's weights): this one stops with it."""
 
 
 def _to_json(rollouts: Rollouts) -> dict:

@@ -172,6 +172,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
                     timeout_s=config.vllm.timeout_s,
                     max_model_len=_vllm_max_model_len(config),
                     dtype=config.vllm.dtype or None,
+                    transfer=config.vllm.transfer,
                 )
             except ServerError as error:
                 fail(str(error))
@@ -413,6 +414,7 @@ def _vllm_sampler(config, model_dir, model, codec, sampler_args):
                 dtype=v.dtype or None,
                 timeout_s=v.timeout_s,
                 transfer=v.transfer,
+                transfer_chunk_bytes=int(v.transfer_chunk_gib * (1 << 30)),
                 max_model_len=max_model_len,
             )
         except ServerError as error:
@@ -427,6 +429,7 @@ def _vllm_sampler(config, model_dir, model, codec, sampler_args):
         dtype=v.dtype or config.dtype,
         tensor_parallel_size=v.tensor_parallel_size,
         transfer=v.transfer,
+        transfer_chunk_bytes=int(v.transfer_chunk_gib * (1 << 30)),
         seed=config.seed,
         lora_sync=v.lora_sync,
     )

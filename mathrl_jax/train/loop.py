@@ -336,10 +336,11 @@ def train(
             export_final_model(run, final)
     finally:
         source.close()
-        getattr(run.rollouts.sampler, "close", lambda: None)()  # a vLLM engine's workers, a server's transfer
         progress.close()
         run.checkpointer.close()
         release_run_dir(settings.run_dir)  # the directory is free for the next run of this process or another
         run.logger.close()
         run.rollouts.grader.close()
+        with contextlib.suppress(Exception):  # a vLLM engine's workers, a server's transfer: after all that matters
+            getattr(run.rollouts.sampler, "close", lambda: None)()
     return summary

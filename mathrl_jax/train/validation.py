@@ -313,6 +313,8 @@ def validate_settings(config) -> None:
             )
         if not c.vllm.timeout_s > 0:
             fail(f"vllm.timeout_s={c.vllm.timeout_s} must be > 0 (seconds)")
+        if not c.vllm.transfer_chunk_gib > 0:
+            fail(f"vllm.transfer_chunk_gib={c.vllm.transfer_chunk_gib} must be > 0 (GiB a transfer step holds)")
         if c.vllm.transfer not in TRANSFERS:
             fail(f"vllm.transfer={c.vllm.transfer!r}: expected one of {TRANSFERS}")
         filtered = c.top_p < 1.0 or c.top_k > 0

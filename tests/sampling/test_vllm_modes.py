@@ -80,7 +80,7 @@ def broken(state, layer: int, how: str):
 
 def test_greedy_tokens_and_logprobs_equal_the_jax_samplers_after_a_sync(remote):
     remote.engine.update_weights(remote.state, version=7)
-    assert remote.version() == "7"
+    assert remote.version() == f"7@{remote.engine.tag}"
     params = SamplingParams(temperature=0.0, max_new_tokens=remote.max_new_tokens)
     got = remote.engine.generate(remote.prompts, params)
     want = remote.jax_sampler(remote.state).generate(remote.prompts, params)
@@ -122,9 +122,14 @@ def test_a_sync_that_fails_part_way_is_never_sampled_from(remote, how):
     take) leaves the engine saying `incomplete:<version>` and the sampler refusing to sample; the next sync works,
     and the engine samples the params it brought."""
     remote.engine.update_weights(remote.random_state, version=20)
-    with pytest.raises(Exception):
+    if how == "missing":  # raised in this process, whichever engine
+        expected = pytest.raises(KeyError, match="down_proj")
+    else:  # the engine's loader refused the shape: in this process, from a worker process, or over HTTP
+        error = ServerError if remote.kind == "server" else RuntimeError
+        expected = pytest.raises(error, match="exceeds dimension size")
+    with expected:
         remote.engine.update_weights(broken(remote.state, 1, how), version=21)
-    assert remote.version() == "incomplete:21"
+    assert remote.version() == f"incomplete:21@{remote.engine.tag}"
     with pytest.raises(RuntimeError, match="holds no weights this sampler synced"):
         remote.engine.generate(remote.prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
     remote.engine.update_weights(remote.state, version=22)
@@ -136,18 +141,51 @@ def test_a_sync_that_fails_part_way_is_never_sampled_from(remote, how):
 
 @pytest.mark.parametrize("remote", ["server"], indirect=True)
 def test_weights_synced_by_another_client_are_detected(remote):
-    """Two trainers on one server: the second's sync changes the weights under the first, whose next generate
-    raises instead of returning rollouts of another policy."""
+    """Two trainers on one server, both at version 30: the second's sync changes the weights under the first, whose
+    next generate raises instead of returning rollouts of another policy (the labels carry each sampler's tag)."""
     remote.engine.update_weights(remote.state, version=30)
     other = VllmServerSampler(remote.server.url, timeout_s=120, **remote.common)
     try:
-        other.update_weights(remote.random_state, version=31)
-        with pytest.raises(VersionMismatchError, match=r"\['31'\], not '30'"):
+        other.update_weights(remote.random_state, version=30)
+        with pytest.raises(VersionMismatchError, match=f"\\['30@{other.tag}'\\], not '30@{remote.engine.tag}'"):
             remote.engine.generate(remote.prompts[:4], SamplingParams(temperature=0.0, max_new_tokens=8))
     finally:
         other.close()
     remote.engine.update_weights(remote.state, version=32)
     assert remote.engine.generate(remote.prompts[:4], SamplingParams(max_new_tokens=4, seed=0)).policy_version == 32
+
+
+class Meddles:
+    """A kernel whose conversion, half-way through a sync, lets another client label the engine as its own sync
+    would (as a second trainer starting to sync the same server), then yields the real kernel."""
+
+    def __init__(self, kernel, meddle):
+        self.kernel, self.meddle = kernel, meddle
+
+    @property
+    def T(self):
+        self.meddle()
+        return self.kernel.T
+
+
+@pytest.mark.parametrize("remote", ["server"], indirect=True)
+def test_a_sync_another_client_started_meanwhile_is_not_labelled_as_ours(remote):
+    """Another client labelling the engine during our sync (its own sync begun): ours raises before it labels the
+    mixture as its version, and the engine keeps the other's `incomplete:` label, which no sampler samples."""
+    other = VllmServerSampler(remote.server.url, timeout_s=120, **remote.common)
+    tree = nnx.to_pure_dict(remote.state)
+    down = tree["model"]["layers"][1]["mlp"]["down_proj"]
+    down["kernel"] = Meddles(down["kernel"], lambda: other._set_engine_version(f"incomplete:35@{other.tag}"))
+    try:
+        with pytest.raises(VersionMismatchError, match="synced by another client during this sync of version 34"):
+            remote.engine.update_weights(tree, version=34)
+    finally:
+        other.close()
+    assert remote.version() == f"incomplete:35@{other.tag}"
+    with pytest.raises(RuntimeError, match="holds no weights this sampler synced"):
+        remote.engine.generate(remote.prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
+    remote.engine.update_weights(remote.state, version=36)
+    assert remote.engine.generate(remote.prompts[:4], SamplingParams(max_new_tokens=4, seed=0)).policy_version == 36
 
 
 TRAINER_DIES_MID_SYNC = """
@@ -184,7 +222,7 @@ def test_a_trainer_killed_mid_sync_leaves_a_server_the_next_one_can_sync(remote,
         timeout=300,
     )
     assert done.returncode == 3, done.stderr[-2000:]
-    assert remote.version() == "incomplete:41"
+    assert remote.version().startswith("incomplete:41@")
     assert requests.get(remote.server.url + "/is_paused", timeout=10).json()["is_paused"]
     remote.engine.expect_weights(40)  # as another process of a run whose process 0 synced version 40 believes
     remote.engine.timeout_s = 3.0
@@ -203,15 +241,22 @@ def test_a_trainer_killed_mid_sync_leaves_a_server_the_next_one_can_sync(remote,
 
 @pytest.mark.parametrize("remote", ["server"], indirect=True)
 def test_a_server_that_does_not_answer_is_named_within_the_timeout(remote):
+    """A server alive but silent (SIGSTOP): a generate and a sync each stop within the timeout, naming it; once it
+    answers again, a sync brings it back."""
     remote.engine.update_weights(remote.state, version=50)
     remote.engine.timeout_s = 3.0
-    os.kill(remote.server.process.pid, signal.SIGSTOP)  # alive, silent
+    os.kill(remote.server.process.pid, signal.SIGSTOP)
     try:
-        start = time.monotonic()
-        with pytest.raises(ServerError, match=f"the vLLM server at {remote.server.url} did not answer .* within 3 s"):
-            remote.engine.generate(remote.prompts[:4], SamplingParams(temperature=0.0, max_new_tokens=4))
-        assert time.monotonic() - start < 30
+        for attempt in (
+            lambda: remote.engine.generate(remote.prompts[:4], SamplingParams(temperature=0.0, max_new_tokens=4)),
+            lambda: remote.engine.update_weights(remote.state, version=51),
+        ):
+            start = time.monotonic()
+            with pytest.raises(ServerError, match=f"the vLLM server at {remote.server.url} did not answer .* 3 s"):
+                attempt()
+            assert time.monotonic() - start < 30
     finally:
         os.kill(remote.server.process.pid, signal.SIGCONT)
         remote.engine.timeout_s = 120.0
-    assert remote.engine.generate(remote.prompts[:4], SamplingParams(max_new_tokens=4, seed=1)).policy_version == 50
+    remote.engine.update_weights(remote.state, version=52)
+    assert remote.engine.generate(remote.prompts[:4], SamplingParams(max_new_tokens=4, seed=1)).policy_version == 52

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 GRADER_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_grader_worker.py")
 LATE_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_late_train.py")
+SPLIT_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_split_worker.py")
 
 # A short offline run on a (dp=1, fsdp=2, tp=2) mesh. The tiny model is not warm-started long enough to answer,
 # so the verifier's rewards are all 0: entropy_coef and a large lr make the update move the weights anyway.
@@ -213,6 +214,32 @@ def test_two_processes_with_the_vllm_sampler_train_as_one(tmp_path, where):
     assert max(float(np.abs(a[k] - initial[k]).max()) for k in a) > 1e-4
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_a_sampler_is_shared_out_over_processes_and_gathered_in_order(tmp_path):
+    """`ProcessSplitSampler` over two processes, around samplers whose draws are a formula of prompt and seed: each
+    is asked its contiguous share (3 prompts: 2 + 1; 1 prompt: 1 + none) with the seeds those prompts have in one
+    process, every process gets the whole batch in order, process 0 alone syncs (the other expects its version,
+    under process 0's tag), and a request that fails on process 1 stops both with its message."""
+    outputs = finish(launch(SPLIT_WORKER, [str(tmp_path)]), timeout=300)
+    for code, out, err in outputs:
+        assert code == 0, err[-3000:]
+    shares = [json.loads((tmp_path / f"split{pid}.json").read_text()) for pid in (0, 1)]
+    assert shares[0]["asked"][:2] == [[[1], [2, 3]], [[5]]] and shares[1]["asked"][:1] == [[[4]]]
+    one_process = [[10 + i * 2 + j, s] for i, s in enumerate([1, 5, 4]) for j in range(2)]  # seed + i n + j
+    for share in shares:
+        assert share["three"] == {"ids": one_process, "prompts": [0, 0, 1, 1, 2, 2], "version": 7}
+        assert share["one"] == {"ids": [[10, 5], [11, 5]], "prompts": [0, 0]}
+        assert np.isnan(share["logprobs"][0][0]) and share["logprobs"][0][1] == -0.25  # NaN crosses the gather
+        assert share["tag"] == "own-0"  # process 0's
+        failure = share["failure"]
+        assert failure and "did not answer generation request 0" in failure["message"]
+    assert shares[0]["synced"] == [6.0, 7] and shares[0]["expected"] is None
+    assert shares[1]["synced"] is None and shares[1]["expected"] == 7
+    assert shares[1]["failure"]["type"] == "ServerError"  # its own error
+    assert (
+        shares[0]["failure"]["type"] == "PeerSamplerError" and "process 1's sampler" in shares[0]["failure"]["message"]
+    )
 
 
 def test_grading_is_shared_out_and_gathered_in_order(tmp_path):

@@ -159,6 +159,10 @@ CASES = {
         "vllm.transfer='pigeon'",
     ),
     "no time for a server": (lambda t: ["--config.sampler=vllm", "--config.vllm.timeout_s=0"], "vllm.timeout_s=0"),
+    "empty transfer chunks": (
+        lambda t: ["--config.sampler=vllm", "--config.vllm.transfer_chunk_gib=0"],
+        "vllm.transfer_chunk_gib=0",
+    ),
     "shared critic base without LoRA": (
         lambda t: ["--config.algorithm_name=ppo", "--config.lora.share_critic_base=True"],
         "no frozen base (rank 0)",

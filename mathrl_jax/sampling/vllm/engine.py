@@ -272,7 +272,7 @@ class VllmSampler(EngineSampler):
         )
         self.tensor_parallel_size = tensor_parallel_size
         self.transfer_chunk_bytes = transfer_chunk_bytes
-        self._set_engine_version(str(int(policy_version)))
+        self._set_engine_version(self._synced)
         if transpose_in_torch is None:
             transpose_in_torch = jax.default_backend() == "gpu"
         self.transpose_in_torch = bool(transpose_in_torch)
@@ -333,6 +333,9 @@ class VllmSampler(EngineSampler):
 
     def _set_engine_version(self, text: str) -> None:
         self.llm.llm_engine.set_weight_version(text)
+
+    def _engine_version(self) -> str:
+        return self.llm.llm_engine.get_weight_version()
 
     def _sync_adapters(self, state: Any, version: int) -> None:
         """The adapters as a new PEFT directory and `LoRARequest` (vLLM caches an adapter by its id: each version

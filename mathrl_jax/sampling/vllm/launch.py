@@ -105,7 +105,7 @@ def start_server(
     model: str, *, port: int, log_path: str, start_timeout_s: float = 600.0, **serve_kwargs
 ) -> ServerProcess:
     """Starts `serve_command(model, port=port, **serve_kwargs)` with its output in `log_path` and waits until it
-    answers `/health`; raises `MathRLError` with the log's last lines if it exits or does not answer in time."""
+    answers `/health`; raises `MathRLError` naming the log if it exits or does not answer in time."""
     import requests
 
     argv, environment = serve_command(model, port=port, **serve_kwargs)
@@ -117,7 +117,7 @@ def start_server(
     deadline = time.monotonic() + start_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise MathRLError(f"the vLLM server exited with status {process.returncode}:\n{_tail(log_path)}")
+            raise MathRLError(f"the vLLM server exited with status {process.returncode} (its output: {log_path})")
         try:
             if requests.get(url + "/health", timeout=5).status_code == 200:
                 return server
@@ -125,9 +125,4 @@ def start_server(
             pass
         time.sleep(1.0)
     server.stop()
-    raise MathRLError(f"the vLLM server did not answer at {url} within {start_timeout_s:g} s:\n{_tail(log_path)}")
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
+    raise MathRLError(f"the vLLM server did not answer at {url} within {start_timeout_s:g} s (its output: {log_path})")

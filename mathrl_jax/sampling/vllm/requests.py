@@ -22,7 +22,7 @@ from mathrl_jax.errors import MathRLError
 from mathrl_jax.sampling.base import Rollouts, SamplingParams, decode_text
 
 INCOMPLETE = "incomplete:"
-"""The weight version an engine reports while a sync is under way or after one failed: `incomplete:<version>`."""
+"""Before the weight version an engine reports while a sync is under way or after one failed: `incomplete:<label>`."""
 
 
 class VersionMismatchError(MathRLError, RuntimeError):
@@ -72,12 +72,26 @@ def prompt_seed(params: SamplingParams, prompt_index: int) -> Optional[int]:
     return None if params.seed is None else params.seed + prompt_index * params.n
 
 
+def version_label(version: int, tag: str) -> str:
+    """The weight version an engine is told: the policy version and the syncing sampler's tag (`<v>@<tag>`), so that
+    two runs on one server at the same step are told apart."""
+    return f"{int(version)}@{tag}"
+
+
 def expected_version(completions: Sequence[Sequence[Completion]], synced: str, where: str) -> None:
-    """Raises `VersionMismatchError` unless every token of every completion was sampled with version `synced`."""
+    """Raises `VersionMismatchError` unless every token of every completion was sampled with version `synced` (a
+    completion with tokens and no stamps is refused too: the engine must say what sampled it)."""
     seen = sorted({v for per_prompt in completions for c in per_prompt for v in c.versions})
-    if seen and seen != [synced]:
+    unstamped = any(c.token_ids and not c.versions for per_prompt in completions for c in per_prompt)
+    if unstamped or (seen and seen != [synced]):
         half = [v for v in seen if v.startswith(INCOMPLETE)]
-        why = f"a weight sync that did not complete ({half[0]})" if half else "weights synced by someone else"
+        why = (
+            "tokens without a version stamp"
+            if unstamped
+            else f"a weight sync that did not complete ({half[0]})"
+            if half
+            else "weights synced by another client"
+        )
         raise VersionMismatchError(
             f"{where} sampled with weight version(s) {seen}, not {synced!r} (the version this sampler synced): {why}"
         )

@@ -39,6 +39,9 @@ from mathrl_jax.sampling.vllm.requests import Completion
 from mathrl_jax.sampling.vllm.sampler import ENGINE_DTYPES, EngineSampler
 
 START_IT = "start one with `python scripts/vllm_server.py --model <checkpoint> --port <port>` (docs/vllm.md)"
+QUERY_TIMEOUT_S = 30.0  # a question about the server (health, configuration) needs no generation's time
+CLEANUP_TIMEOUT_S = 10.0  # the resume after a failed sync: a server that did not answer the sync may not answer it
+CONCURRENCY = 64  # generation requests in flight at once (the server batches them)
 
 
 def is_server_url(text: str) -> bool:
@@ -58,15 +61,24 @@ class ServerInfo:
     model: str
     max_model_len: int
     dtype: str
-    world_size: int
+    world_size: int  # its workers (tensor x pipeline parallel)
+    transfer: str  # its weight-transfer engine
 
 
 def describe_server(
-    server_url: str, *, timeout_s: float = 600.0, max_model_len: Optional[int] = None, dtype: Optional[str] = None
+    server_url: str,
+    *,
+    timeout_s: float = 600.0,
+    max_model_len: Optional[int] = None,
+    dtype: Optional[str] = None,
+    transfer: str = "auto",
 ) -> ServerInfo:
-    """Checks that the server at `server_url` answers and has what a `VllmServerSampler` needs (the weight routes,
-    token-in token-out generation, `max_model_len` tokens a sequence, the weights in `dtype` if given); raises
-    `ServerError` naming what is missing. Sends one 1-token generation."""
+    """Checks that the server at `server_url` answers and has what a `VllmServerSampler` needs: the weight routes
+    (`VLLM_SERVER_DEV_MODE=1`), token-in token-out generation (`--enable-scale-out`), a weight-transfer engine (the
+    one `transfer` names, unless "auto"), the sampled distribution's log-probs (`--logprobs-mode
+    processed_logprobs`), `max_model_len` tokens a sequence, the weights in `dtype` if given. Raises `ServerError`
+    naming what is missing. Sends one 1-token generation. (The architecture is the first sync's to check: a
+    tensor of another shape fails it, named by the engine.)"""
     import requests
 
     if not is_server_url(server_url):
@@ -77,7 +89,7 @@ def describe_server(
 
         def get(path: str, what: str):
             try:
-                response = session.get(url + path, timeout=min(timeout_s, 30.0))
+                response = session.get(url + path, timeout=min(timeout_s, QUERY_TIMEOUT_S))
             except requests.RequestException as error:
                 raise ServerError(f"{where} did not answer ({what}): {_short(error)}; {START_IT}") from None
             if response.status_code == 404:
@@ -94,13 +106,26 @@ def describe_server(
                 f"{where} serves up to {served['max_model_len']} tokens a sequence (--max-model-len), the run "
                 f"needs {max_model_len} (max_prompt_length + max_new_tokens)"
             )
-        found = re.search(r"dtype=torch\.(\w+)", get("/server_info", "its configuration")["vllm_config"])
-        server_dtype = found.group(1) if found else "float32"
+        described = get("/server_info?config_format=json", "its configuration")["vllm_config"]
+        model = described["model_config"]
+        server_dtype = str(model["dtype"]).removeprefix("torch.")
         if server_dtype not in ENGINE_DTYPES:
             raise ServerError(f"{where} runs {server_dtype!r}, expected one of {ENGINE_DTYPES}")
         if dtype not in (None, server_dtype):
             raise ServerError(f"vllm dtype={dtype!r}, but {where} runs {server_dtype!r}: set it to {server_dtype!r}")
-        world_size = int(get("/get_world_size?include_dp=false", "its world size")["world_size"])
+        if model.get("logprobs_mode") != "processed_logprobs":
+            raise ServerError(
+                f"{where} reports {model.get('logprobs_mode')!r} log-probs, not those of the distribution it samples "
+                f"from: start it with --logprobs-mode processed_logprobs; {START_IT}"
+            )
+        backend = (described.get("weight_transfer_config") or {}).get("backend")
+        if backend is None:
+            raise ServerError(
+                f"{where} has no weight-transfer engine: start it with --weight-transfer-config; {START_IT}"
+            )
+        if transfer not in ("auto", backend):
+            raise ServerError(f"vllm transfer={transfer!r}, but {where} was started with the {backend!r} engine")
+        world_size = int(described["parallel_config"]["world_size"])
         body = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
         try:
             response = session.post(url + "/inference/v1/generate", json=body, timeout=timeout_s)
@@ -109,7 +134,7 @@ def describe_server(
         if response.status_code in (403, 404):
             raise ServerError(f"{where} has no /inference/v1/generate: start it with --enable-scale-out; {START_IT}")
         _check(response, f"{where} refused a 1-token generation")
-    return ServerInfo(url, served["id"], int(served["max_model_len"]), server_dtype, world_size)
+    return ServerInfo(url, served["id"], int(served["max_model_len"]), server_dtype, world_size, backend)
 
 
 class VllmServerSampler(EngineSampler):
@@ -122,10 +147,13 @@ class VllmServerSampler(EngineSampler):
       tokenizer: decodes completions into `Rollouts.texts` (the server answers in token ids).
       dtype: the weights' dtype on the wire; None: the server's own. Another than the server's is refused.
       timeout_s: the longest any one request may take (a generation, a sync step) before `ServerError`.
-      transfer: the server's weight-transfer engine ("auto": NCCL beside a GPU trainer, else shared memory).
+      transfer: the server's weight-transfer engine: "auto" takes the one it was started with; another is refused.
       transfer_chunk_bytes: the most one step of that transfer holds (None: its default, 1 GiB).
       max_model_len: the longest prompt + completion the run needs; a server that holds less is refused.
       concurrency: requests in flight at once.
+
+    One trainer syncs a server (the processes of one run: process 0); a second one syncing it meanwhile is detected
+    (`EngineSampler`), not shared.
     """
 
     def __init__(
@@ -140,20 +168,20 @@ class VllmServerSampler(EngineSampler):
         transfer: str = "auto",
         transfer_chunk_bytes: Optional[int] = None,
         max_model_len: Optional[int] = None,
-        concurrency: int = 64,
+        concurrency: int = CONCURRENCY,
     ):
         import requests
 
-        from mathrl_jax.sampling.vllm.transfer import resolve_transfer
-
         if not timeout_s > 0:
             raise ValueError(f"VllmServerSampler: timeout_s={timeout_s!r}, expected > 0 (seconds)")
-        self.server = describe_server(server_url, timeout_s=timeout_s, max_model_len=max_model_len, dtype=dtype)
+        self.server = describe_server(
+            server_url, timeout_s=timeout_s, max_model_len=max_model_len, dtype=dtype, transfer=transfer
+        )
         self.url = self.server.url
         self.where = f"the vLLM server at {self.url}"
         self.timeout_s = float(timeout_s)
         self.concurrency = int(concurrency)
-        self.transfer = resolve_transfer(transfer)
+        self.transfer = self.server.transfer
         self.transfer_chunk_bytes = transfer_chunk_bytes
         self.session = requests.Session()
         super().__init__(
@@ -170,13 +198,14 @@ class VllmServerSampler(EngineSampler):
 
     # ------------------------------------------------------------------ HTTP
 
-    def _post(self, path: str, body: Dict[str, Any], what: str, session=None):
+    def _request(self, method: str, path: str, what: str, body=None, session=None, timeout=None):
         import requests
 
+        timeout = self.timeout_s if timeout is None else timeout
         try:
-            response = (session or self.session).post(self.url + path, json=body, timeout=self.timeout_s)
+            response = (session or self.session).request(method, self.url + path, json=body, timeout=timeout)
         except requests.Timeout:
-            raise ServerError(f"{self.where} did not answer {what} within {self.timeout_s:g} s") from None
+            raise ServerError(f"{self.where} did not answer {what} within {timeout:g} s") from None
         except requests.RequestException as error:
             raise ServerError(f"{self.where} did not answer {what}: {_short(error)}") from None
         _check(response, f"{self.where} refused {what}")
@@ -190,15 +219,23 @@ class VllmServerSampler(EngineSampler):
         update session is open, where its layers are half-loaded (a generation then crashed the engine core), nor
         stamp a request still in flight with the next version. A trainer that dies mid-sync leaves the server
         paused: other clients wait (and time out naming it) until the next sync resumes it. After a failed sync the
-        server resumes with its version saying `incomplete:<v>`, which every sampler here refuses."""
-        self._post("/pause?mode=wait", {}, "a pause before the weight sync")
+        server is resumed (briefly tried: it may be the one that failed) with its weights labelled `incomplete:`,
+        which every sampler here refuses; the sync's own error is the one raised."""
+        self._request("POST", "/pause?mode=wait", "a pause before the weight sync")
         try:
             yield
-        finally:
-            self._post("/resume", {}, "the resume after the weight sync")
+        except BaseException:
+            try:
+                self._request("POST", "/resume", "a resume after the failed sync", timeout=CLEANUP_TIMEOUT_S)
+            except ServerError:
+                pass
+            raise
+        self._request("POST", "/resume", "the resume after the weight sync")
 
     def _send(self, state: Any, version: int) -> None:
         import requests
+
+        from mathrl_jax.sampling.vllm.shared_memory import EngineLoadError
 
         try:
             engine = self._transfer_engine()
@@ -207,17 +244,28 @@ class VllmServerSampler(EngineSampler):
                 engine.send_weights()
             finally:
                 engine.source.state = None
+        except requests.Timeout:
+            raise ServerError(
+                f"{self.where} did not answer the weight sync of version {version} within {self.timeout_s:g} s"
+            ) from None
         except requests.RequestException as error:
             detail = _response_text(error)
             raise ServerError(f"{self.where}: the weight sync of version {version} failed: {detail}") from None
+        except EngineLoadError as error:
+            raise ServerError(
+                f"{self.where} could not load the weights of version {version} (is its model the policy's "
+                f"architecture?): {error}"
+            ) from None
         self.bytes_sent = getattr(engine, "bytes_sent", 0)
-        self._post("/reset_prefix_cache", {}, "a prefix-cache reset")
+        self._request("POST", "/reset_prefix_cache", "a prefix-cache reset")
 
     def _transfer_engine(self):
         if self._transfer is None:
+            from urllib.parse import urlparse
+
             from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
 
-            from mathrl_jax.sampling.vllm.transfer import JaxWeightSource, open_transfer
+            from mathrl_jax.sampling.vllm.transfer import JaxWeightSource, address_facing, open_transfer
 
             source = JaxWeightSource(self.config, self.dtype)
             client = HTTPVLLMWeightSyncClient(self.url, timeout=self.timeout_s)
@@ -226,12 +274,16 @@ class VllmServerSampler(EngineSampler):
                 client,
                 source,
                 engine_world_size=self.server.world_size,
+                host=address_facing(urlparse(self.url).hostname),  # where the server's workers reach this process
                 chunk_bytes=self.transfer_chunk_bytes,
             )
         return self._transfer
 
     def _set_engine_version(self, text: str) -> None:
-        self._post("/update_weight_version", {"new_version": text}, "a weight-version update")
+        self._request("POST", "/update_weight_version", "a weight-version update", body={"new_version": text})
+
+    def _engine_version(self) -> str:
+        return self._request("GET", "/weight_info", "a weight-version query")["weight_version"]
 
     # ------------------------------------------------------------------ sampling
 
@@ -245,7 +297,7 @@ class VllmServerSampler(EngineSampler):
 
         def one(index: int) -> List[Completion]:
             body = {"token_ids": prompt_ids[index], "sampling_params": requests_fields[index]}
-            answer = self._post("/inference/v1/generate", body, f"generation request {index}", session=session)
+            answer = self._request("POST", "/inference/v1/generate", f"generation request {index}", body, session)
             return [_completion(choice) for choice in sorted(answer["choices"], key=lambda c: c["index"])]
 
         workers = max(1, min(self.concurrency, len(prompt_ids)))

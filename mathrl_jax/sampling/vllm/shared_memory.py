@@ -12,10 +12,10 @@ tensor parallel > 1, or a `vllm serve` process on the trainer's host.
     chunk k of the source -> safetensors file  ->   update_weights({"path": ..., "names": [...]})
     (in `directory`, by default /dev/shm: memory)   safe_open(path) -> model.load_weights (its own TP shard)
 
-Chunks of at most `chunk_bytes` bound the memory the files take; each file is removed once every worker has loaded
-it (`update_weights` returns after all workers did). Loading runs inside vLLM's layerwise reload, as its NCCL and
-IPC engines do (`start_weight_update` / `finish_weight_update`): checkpoint names in, vLLM's own fusing (q/k/v,
-gate/up) and re-layout after.
+Chunks of at most `chunk_bytes` (a larger tensor alone) bound the memory the files take; each file is removed once
+every worker has loaded it (`update_weights` returns after all workers did). Loading runs inside vLLM's layerwise
+reload, as its NCCL and IPC engines do (`start_weight_update` / `finish_weight_update`): checkpoint names in, vLLM's
+own fusing (q/k/v, gate/up) and re-layout after.
 
 The trainer and the engine must see one file system: one host (or a shared mount given as `directory`). An engine
 on another host needs the NCCL engine. Why a file and not a socket or a gloo group: a file in tmpfs reaches any
@@ -32,6 +32,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import weakref
 from typing import Any, ClassVar, Dict, Iterator, List, Set, Tuple
 
 import torch
@@ -48,6 +49,11 @@ from vllm.distributed.weight_transfer.base import (
 from mathrl_jax.sampling.vllm.plugin import BACKEND
 
 DEFAULT_CHUNK_BYTES = 1 << 30
+FAILED = "failed_worker_"  # a worker's report of a load that failed, in the trainer's directory
+
+
+class EngineLoadError(RuntimeError):
+    """The engine's workers could not load the weights sent (a tensor of another shape: another architecture)."""
 
 
 def default_directory() -> str:
@@ -94,12 +100,14 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self.failed = False
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        if not getattr(self, "failed", False):  # after a failed load the reload was finished then
+            finalize_layerwise_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which raises where there is no accelerator
@@ -109,25 +117,34 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
+        """Loads the chunk; a load that fails is reported in a file beside it (`FAILED`), not raised.
+
+        Why not raised: vLLM's multiprocess executor answers a collective call with the first worker's error
+        without reading the other workers' answers, which then answer the next calls in their place (the trainer
+        was told a later chunk had loaded while a worker had not read it yet, and removed it under that worker).
+        Why the reload is finished here: vLLM's worker leaves its layerwise reload half-done after an error, and
+        the next sync failed on its leftovers. The layers not reached keep their old weights; the trainer raises,
+        and its sampler knows the model is not the source's (it refuses to sample until a sync completes)."""
         path = os.path.realpath(update_info.path)
         if os.path.dirname(path) not in self.directories:  # a request names a file: only in a trainer's directory
             raise ValueError(f"{BACKEND}: {update_info.path!r} is in no directory a trainer opened a transfer with")
+        if getattr(self, "failed", False):  # a later chunk of a sync that already failed here: nothing more loads
+            return
         try:
             with safe_open(path, framework="pt", device="cpu") as chunk:
                 held = list(chunk.keys())
                 if sorted(held) != sorted(update_info.names):
                     raise ValueError(f"{BACKEND}: {path} holds {held}, the update names {update_info.names}")
                 self.model.load_weights((name, chunk.get_tensor(name)) for name in update_info.names)
-        except BaseException:
-            # vLLM's worker ends the update session on an error here without finishing the layerwise reload, which
-            # would leave its bookkeeping (layers on the meta device, weights held back) to corrupt the next sync.
-            # Finish it now: the layers not reached keep their old weights, and the trainer's sampler knows the
-            # model is not the source's (it refuses to sample until a sync completes).
+        except Exception as error:
             try:
                 self.finish_weight_update()
             except Exception:  # the load's own error is the one to report
                 pass
-            raise
+            self.failed = True
+            message = f"{type(error).__name__}: {error}"
+            with open(os.path.join(os.path.dirname(path), f"{FAILED}{os.getpid()}.txt"), "w") as report:
+                report.write(message)
 
     def shutdown(self) -> None:
         pass  # nothing held between updates; a trainer removes its own directory
@@ -145,9 +162,11 @@ class SharedMemoryTrainerInitInfo(TrainerInitInfo):
 class SharedMemoryTrainerWeightTransferEngine(TrainerWeightTransferEngine[SharedMemoryTrainerInitInfo]):
     """The trainer side: writes the source in chunks of files and has the engine load each (`send_weights`).
 
-    A failure part-way (a write, a worker's load, the client) still ends the engine's update session, so that the
-    engine can take the next one, and removes the files; the caller must treat the engine's weights as unknown
-    until a `send_weights` completes (the samplers do: they refuse to sample until then)."""
+    A failure part-way on this side (the source, a write, no room left in the directory) or a load the workers
+    report failed (`EngineLoadError`) ends the engine's update session, so that it can take the next one; an engine
+    that did not answer, or refused a call, is not asked again (its answer would be as late, or the same). The files
+    are removed either way, and the directory with the engine (or at exit). The caller must treat the engine's
+    weights as unknown until a `send_weights` completes (the samplers do: they refuse to sample until then)."""
 
     init_info_cls = SharedMemoryTrainerInitInfo
 
@@ -156,6 +175,8 @@ class SharedMemoryTrainerWeightTransferEngine(TrainerWeightTransferEngine[Shared
         self.directory = directory
         self.chunk_bytes = int(chunk_bytes)
         self.bytes_sent = 0  # of the last send_weights
+        if directory:
+            self._remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
 
     @classmethod
     def trainer_init(cls, init_info: SharedMemoryTrainerInitInfo, *, client, source=None):
@@ -189,32 +210,69 @@ class SharedMemoryTrainerWeightTransferEngine(TrainerWeightTransferEngine[Shared
         self.bytes_sent = 0
         try:
             self.client.start_weight_update()
-        except Exception:
-            # A session left open by a trainer that died mid-sync (the engine refuses a second one): close it, then
-            # start again; a second refusal is the engine's real answer.
+        except Exception as error:
+            if not _answered(error):
+                raise
+            # The engine refused a second session: one left open by a trainer that died mid-sync. Close it and start
+            # again; a second refusal is the engine's real answer. (A trainer still syncing is not told apart here:
+            # the samplers' labels catch it, `sampler.py`.)
             _quietly(self.client.finish_weight_update)
             self.client.start_weight_update()
+        engine_failed = False
         try:
-            for index, chunk in enumerate(_chunks(iter(self.source), self.chunk_bytes)):
+            for index, chunk in enumerate(chunk_pairs(iter(self.source), self.chunk_bytes)):
                 path = os.path.join(self.directory, f"chunk_{index}.safetensors")
-                save_file(dict(chunk), path)
+                nbytes = sum(t.numel() * t.element_size() for _, t in chunk)
+                free = shutil.disk_usage(self.directory).free
+                if free < nbytes:
+                    raise OSError(
+                        f"{BACKEND}: {self.directory} has {free / 2**20:.0f} MiB free, a chunk of the weights needs "
+                        f"{nbytes / 2**20:.0f} MiB: give it more room (a container's /dev/shm: --shm-size) or send "
+                        "smaller chunks (vllm.transfer_chunk_gib)"
+                    )
                 try:
-                    self.client.update_weights({"path": path, "names": [name for name, _ in chunk]})
+                    save_file(dict(chunk), path)
+                    try:
+                        self.client.update_weights({"path": path, "names": [name for name, _ in chunk]})
+                    except BaseException:
+                        engine_failed = True
+                        raise
                 finally:
-                    os.unlink(path)
-                self.bytes_sent += sum(t.numel() * t.element_size() for _, t in chunk)
+                    if os.path.exists(path):
+                        os.unlink(path)
+                reports = self._failure_reports()
+                if reports:  # the workers finished their reloads; their session is still open: closed below
+                    raise EngineLoadError(f"the engine's workers could not load the weights: {reports[0]}")
+                self.bytes_sent += nbytes
         except BaseException:
-            # Close the engine's session if it is still open (a failure on this side: a write, the source); after a
-            # failed load the engine closed it itself. The layers not reached keep their old weights: the caller
-            # knows from this exception that the engine's weights are not the source's.
-            _quietly(self.client.finish_weight_update)
+            if not engine_failed:  # this side failed: the engine's session is still open
+                _quietly(self.client.finish_weight_update)
             raise
         self.client.finish_weight_update()
 
+    def _failure_reports(self) -> List[str]:
+        """The workers' reports of a failed load (read and removed)."""
+        reports = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.startswith(FAILED):
+                with open(os.path.join(self.directory, name)) as report:
+                    reports.append(report.read())
+                os.unlink(os.path.join(self.directory, name))
+        return reports
+
     def shutdown(self) -> None:
         if self.directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            self._remove()
             self.directory = ""
+
+
+def _answered(error: BaseException) -> bool:
+    """Whether `error` is an engine's answer (a refusal), not a connection that failed or timed out."""
+    try:
+        import requests
+    except ImportError:
+        return True
+    return not isinstance(error, (requests.ConnectionError, requests.Timeout))
 
 
 def _quietly(call) -> None:
@@ -225,8 +283,11 @@ def _quietly(call) -> None:
         pass
 
 
-def _chunks(pairs: Iterator[Tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-    """Consecutive groups of `(name, tensor)` pairs of at most `chunk_bytes` (a larger tensor alone)."""
+def chunk_pairs(
+    pairs: Iterator[Tuple[str, torch.Tensor]], chunk_bytes: int
+) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+    """Consecutive groups of `(name, tensor)` pairs of at most `chunk_bytes`; a tensor larger than that travels
+    alone, in a chunk of its own size."""
     chunk: List[Tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in pairs:

@@ -7,9 +7,10 @@ drives the inference side's four calls through a client. `open_transfer` builds 
 | backend (`transfer`)       | where it runs                                       | status                           |
 |----------------------------|-----------------------------------------------------|----------------------------------|
 | `mathrl_shared_memory`     | any engine on the trainer's host (CPU build, GPU)   | tested here: TP=2, a server      |
-| `nccl`                     | GPU engines anywhere (vLLM's NCCL broadcast)        | written from vLLM 0.32, not run  |
+| `nccl`                     | a GPU server anywhere (vLLM's NCCL broadcast)       | written from vLLM 0.32, not run  |
 
-"auto" picks NCCL where JAX runs on a GPU and shared memory otherwise.
+"auto": shared memory for the in-process engine's workers (on this host by definition), and for a server the engine
+it was started with (`scripts/vllm_server.py`: shared memory on vLLM's CPU build, NCCL on a GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator, List, Optional, Tuple
 
-import jax
 import jax.numpy as jnp
 from vllm.distributed.weight_transfer import ParamMeta, WeightSource, WeightTransferTrainerFactory
 
@@ -77,12 +77,11 @@ class OfflineClient:
 
 
 def resolve_transfer(transfer: str) -> str:
-    """The backend `transfer` names ("auto": NCCL beside a GPU trainer, else shared memory)."""
+    """The backend `transfer` names for an engine whose workers share this host ("auto": shared memory, which any
+    of them can read; NCCL from the trainer's process would put its rank on worker 0's GPU)."""
     if transfer not in TRANSFERS:
         raise ValueError(f"weight transfer {transfer!r}: expected one of {TRANSFERS}")
-    if transfer == "auto":
-        return "nccl" if jax.default_backend() == "gpu" else plugin.BACKEND
-    return transfer
+    return plugin.BACKEND if transfer == "auto" else transfer
 
 
 def open_transfer(
@@ -116,7 +115,7 @@ def init_info(backend: str, *, engine_world_size: int, host: str = "", chunk_byt
         sizes = {} if chunk_bytes is None else {"packed_buffer_size_bytes": int(chunk_bytes)}
         return NCCLTrainerInitInfo(
             rank=0,
-            master_address=host or _own_address(),
+            master_address=host or address_facing(None),
             master_port=_free_port(),
             world_size=1 + engine_world_size,
             **sizes,
@@ -124,8 +123,14 @@ def init_info(backend: str, *, engine_world_size: int, host: str = "", chunk_byt
     raise ValueError(f"weight transfer {backend!r}: expected one of {TRANSFERS[1:]}")
 
 
-def _own_address() -> str:
-    return socket.gethostbyname(socket.gethostname())
+def address_facing(host: Optional[str]) -> str:
+    """This machine's address on the route to `host` (the one `host` can reach it at): the local end of a UDP
+    socket "connected" there, which sends nothing. For a local `host`, the loopback address."""
+    if not host or host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
 
 
 def _free_port() -> int:
