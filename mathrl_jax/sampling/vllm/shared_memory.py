@@ -46,14 +46,16 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from mathrl_jax.errors import MathRLError
 from mathrl_jax.sampling.vllm.plugin import BACKEND
 
 DEFAULT_CHUNK_BYTES = 1 << 30
 FAILED = "failed_worker_"  # a worker's report of a load that failed, in the trainer's directory
 
 
-class EngineLoadError(RuntimeError):
-    """The engine's workers could not load the weights sent (a tensor of another shape: another architecture)."""
+class EngineLoadError(MathRLError, RuntimeError):
+    """The engine's workers could not load the weights sent (a tensor of another shape: its model is of another
+    architecture than the policy's)."""
 
 
 def default_directory() -> str:
