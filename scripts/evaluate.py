@@ -13,12 +13,17 @@ Memory: with the JAX sampler, prompts are sorted by length and batched so that e
 call's padded KV cache (rows x (prompt bucket + max-new-tokens bucket)) stays within
 `--batch-tokens` slots; results come back in the original order and greedy ones do not depend
 on the batching.
+
+Bad input exits with status 2 and a message naming it, before anything is loaded: every numeric option
+(`--temperature` finite and >= 0, `--seed` in [0, 2**32), counts and budgets >= 1, `--n-samples` >= 0,
+`--levels` known arithmetic levels), the template, the model directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -60,6 +65,36 @@ def model_dir_problem(path: str) -> str | None:
 DEFAULT_BATCH_TOKENS = 1 << 14
 
 
+SEED_LIMIT = 2**32
+"""Seeds below it: JAX's keys hold 32 bits (a larger seed gives a smaller one's samples, or fails past 2**64)."""
+
+
+def option_problem(args) -> str | None:
+    """The first numeric option out of its range, named with its value, or None: checked before anything is
+    loaded (a `--temperature nan` would otherwise fail after the model loads)."""
+    checks = [
+        ("--num-problems", args.num_problems, args.num_problems >= 1, ">= 1"),
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+        ("--n-samples", args.n_samples, args.n_samples >= 0, ">= 0 (0: greedy only)"),
+        ("--temperature", args.temperature, math.isfinite(args.temperature) and args.temperature >= 0, "finite, >= 0"),
+        ("--seed", args.seed, 0 <= args.seed < SEED_LIMIT, f"in [0, {SEED_LIMIT})"),
+        ("--batch-tokens", args.batch_tokens, args.batch_tokens >= 1, ">= 1"),
+    ]
+    for option, value, ok, expected in checks:
+        if not ok:
+            return f"{option} {value}: expected {expected}"
+    if args.dataset == "arithmetic":
+        from mathrl_jax.data.arithmetic import LEVELS
+
+        try:
+            levels = [int(level) for level in args.levels.split(",")]
+        except ValueError:
+            levels = []
+        if not levels or any(level not in LEVELS for level in levels):
+            return f"--levels {args.levels!r}: expected comma-separated arithmetic levels among {sorted(LEVELS)}"
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
@@ -94,14 +129,9 @@ def main(argv=None) -> int:
         help="JAX's persistent compilation cache ('auto': under ~/.cache/mathrl_jax; '': off)",
     )
     args = parser.parse_args(argv)
-    if args.batch_tokens < 1:
-        parser.error(f"--batch-tokens {args.batch_tokens}: expected >= 1")
-    if args.num_problems < 1:
-        parser.error(f"--num-problems {args.num_problems}: expected >= 1")
-    if args.max_new_tokens < 1:
-        parser.error(f"--max-new-tokens {args.max_new_tokens}: expected >= 1")
-    if args.n_samples < 0:
-        parser.error(f"--n-samples {args.n_samples}: expected >= 0")
+    problem = option_problem(args)
+    if problem:
+        parser.error(problem)
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         parser.error(f"--out {args.out!r}: its directory does not exist")
 

@@ -32,7 +32,11 @@ Either way the output loads with
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and in vLLM. It
 is written to a temporary sibling directory and renamed when complete, so a
 failed export leaves no partial OUT_DIR. An existing non-empty OUT_DIR is
-refused unless `--force` (which replaces it).
+refused unless `--force`, which replaces only a previous export: a directory
+holding nothing but what an export writes (config.json, model.safetensors or
+numbered shards with model.safetensors.index.json, tokenizer files). One that
+holds anything else (`notes.txt`, `sub/data.csv`) is refused even with
+`--force`, naming a file, before anything is written or removed.
 
 Exit status: 0 on success; 2 for bad input (no run or checkpoint at the path,
 an unknown step, a model that does not match the checkpoint, params that fail
@@ -45,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -289,23 +294,69 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
+EXPORT_FILES = frozenset(("config.json", "model.safetensors", "model.safetensors.index.json", *hf.TOKENIZER_FILES))
+"""The names an export writes (`hf.write_checkpoint`), besides its numbered shards (`SHARD_NAME`)."""
+SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def _first_file(path: str) -> str:
+    """`path` itself, or for a directory the first file under it (sorted), relative to `path`'s parent."""
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        if names:
+            return os.path.join(os.path.basename(path), os.path.relpath(os.path.join(root, min(names)), path))
+    return os.path.basename(path) + (os.sep if os.path.isdir(path) else "")
+
+
+def not_an_export(out: str) -> Optional[str]:
+    """Why the existing directory `out` is not a previous export that `--force` may replace, or None.
+
+    An export (`hf.write_checkpoint`) writes `config.json`, its weights (`model.safetensors`, or numbered shards
+    with `model.safetensors.index.json`) and the tokenizer files it copies (`hf.TOKENIZER_FILES`), nothing else
+    and no subdirectory: a directory holding any other entry (`notes.txt`, `sub/data.csv`) is someone else's,
+    and is named. An empty directory is replaced too.
+    """
+    names = sorted(os.listdir(out))
+    if not names:
+        return None
+    for name in names:
+        path = os.path.join(out, name)
+        if os.path.isdir(path) or os.path.islink(path) or not (name in EXPORT_FILES or SHARD_NAME.fullmatch(name)):
+            return f"it holds {_first_file(path)!r}, which an export does not write"
+    if "config.json" not in names or not {"model.safetensors", "model.safetensors.index.json"} & set(names):
+        return "it has no config.json and safetensors weights, so it is not a previous export"
+    return None
+
+
 def check_out(out: str, force: bool, protected: List[str]) -> None:
-    """Refuses an OUT_DIR that is a file, a non-empty directory (without `force`), or an input or its parent."""
+    """Refuses an OUT_DIR that is a file, a non-empty directory (without `force`), a directory that is not a previous
+    export (even with `force`: `not_an_export`), or an input or its parent. Nothing is written or removed before."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"--out {out!r} exists and is not a directory")
     for source in protected:
         if source and os.path.exists(source) and _inside(source, out):  # replacing out would remove an input
             raise InputError(f"--out {out!r} holds the input {source!r}; write the export elsewhere")
-    if os.path.isdir(out) and os.listdir(out) and not force:
-        raise InputError(f"--out {out!r} exists and is not empty; pass --force to replace it")
+    if os.path.isdir(out):
+        _check_replaceable(out, force)
+
+
+def _check_replaceable(out: str, force: bool) -> None:
+    if os.listdir(out) and not force:
+        raise InputError(f"--out {out!r} exists and is not empty; pass --force to replace a previous export")
+    problem = not_an_export(out)
+    if problem:
+        raise InputError(
+            f"--out {out!r} is not replaced: {problem}; --force replaces only a previous export (config.json, "
+            "safetensors weights, tokenizer files): remove the other files or write the export elsewhere"
+        )
 
 
 def write_atomically(out: str, write: Callable[[str], None], force: bool) -> None:
-    """`write(tmp)` into a temporary sibling of `out`, then renamed to `out` (replacing it with `force`)."""
+    """`write(tmp)` into a temporary sibling of `out`, then renamed to `out` (replacing a previous export with
+    `force`)."""
 
-    def may_replace(existing: str) -> None:
-        if os.listdir(existing) and not force:  # appeared since check_out
-            raise InputError(f"--out {out!r} exists and is not empty; pass --force to replace it")
+    def may_replace(existing: str) -> None:  # checked again: the directory may have changed since check_out
+        _check_replaceable(existing, force)
 
     files.write_directory(out, write, check_existing=may_replace)
 
@@ -327,7 +378,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", required=True, help="output HF checkpoint directory")
     parser.add_argument("--dtype", choices=DTYPES, help="dtype of the saved tensors (default: the params' dtype)")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty existing --out")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing --out that holds a previous export (and nothing else)"
+    )
     args = parser.parse_args(argv)
     if (args.run is None) == (args.params is None):
         parser.error("give either a run dir / checkpoint step (positional) or --params with --like, not both")

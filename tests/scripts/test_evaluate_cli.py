@@ -67,6 +67,9 @@ def orbax_step(tmp_path):
     return str(step)
 
 
+SAMPLED = ["--n-samples", "2", "--num-problems", "2", "--max-new-tokens", "4"]
+"""Flags of a short run that samples (where the temperature and the seed are used)."""
+
 CASES = {
     "bad template": (lambda t, m: ["--model", m, "--template", "fancy"], ["'fancy'", "plain", "chat"]),
     "orbax checkpoint": (
@@ -75,6 +78,23 @@ CASES = {
     ),
     "not a directory": (lambda t, m: ["--model", str(t / "missing")], ["missing", "not a local directory"]),
     "bad batch tokens": (lambda t, m: ["--model", m, "--batch-tokens", "0"], ["--batch-tokens 0"]),
+    # Every numeric option is checked before anything loads (a NaN temperature failed after the model loaded, with a
+    # traceback; without samples it was taken silently).
+    "temperature nan": (lambda t, m: ["--model", m, *SAMPLED, "--temperature", "nan"], ["--temperature nan", "finite"]),
+    "temperature -1": (lambda t, m: ["--model", m, *SAMPLED, "--temperature", "-1"], ["--temperature -1.0", ">= 0"]),
+    "temperature inf": (lambda t, m: ["--model", m, *SAMPLED, "--temperature", "inf"], ["--temperature inf"]),
+    "temperature nan, greedy only": (lambda t, m: ["--model", m, "--temperature", "nan"], ["--temperature nan"]),
+    "num problems 0": (lambda t, m: ["--model", m, "--num-problems", "0"], ["--num-problems 0"]),
+    "max new tokens 0": (lambda t, m: ["--model", m, "--max-new-tokens", "0"], ["--max-new-tokens 0"]),
+    "n samples -1": (lambda t, m: ["--model", m, "--n-samples", "-1"], ["--n-samples -1"]),
+    "seed -1": (lambda t, m: ["--model", m, *SAMPLED, "--seed", "-1"], ["--seed -1"]),
+    "seed 2**64": (lambda t, m: ["--model", m, *SAMPLED, "--seed", str(2**64)], [f"--seed {2**64}", "[0, 4294967296)"]),
+    "levels unknown": (lambda t, m: ["--model", m, "--levels", "2,99"], ["--levels '2,99'"]),
+    "levels not numbers": (lambda t, m: ["--model", m, "--levels", "two"], ["--levels 'two'"]),
+    "options before the model": (
+        lambda t, m: ["--model", str(t / "missing"), "--temperature", "nan"],
+        ["--temperature nan"],
+    ),
 }
 if importlib.util.find_spec("vllm") is None:
     CASES["vllm not installed"] = (

@@ -206,3 +206,53 @@ def test_the_params_read_are_verified_and_a_run_still_training_is_left_alone(tra
     assert "fails verification" in err and name in err and str(run_dir / "checkpoints" / "2") in err, err
     assert len(err.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "refused")
     assert in_progress.is_dir()
+
+
+@pytest.fixture(scope="module")
+def params_and_like(tmp_path_factory):
+    """Parameter-file mode's inputs (no training): the tiny model's params saved with flax, and its directory."""
+    from flax import serialization
+
+    root = tmp_path_factory.mktemp("params_mode")
+    like = str(root / "like")
+    write_tiny_checkpoint(like, seed=0, num_hidden_layers=1)
+    params = root / "params.msgpack"
+    params.write_bytes(serialization.msgpack_serialize(nnx.to_pure_dict(nnx.state(hf.load_model(like)))))
+    return str(params), like
+
+
+@pytest.mark.parametrize("unrelated", ["notes.txt", os.path.join("sub", "data.csv")])
+def test_force_replaces_a_previous_export_and_refuses_a_directory_holding_anything_else(
+    params_and_like, tmp_path, capsys, unrelated
+):
+    """`--force` replaces a previous export (every file of it, as an export writes them) but not a directory that
+    holds anything else: exit 2, one line naming the directory and the unrelated file, nothing written or removed
+    (Hugging Face's save_pretrained removes only its own stale shards)."""
+    params, like = params_and_like
+    script = load_script()
+    out = tmp_path / "out"
+    assert script.main(["--params", params, "--like", like, "--out", str(out)]) == 0, capsys.readouterr().err
+    assert script.main(["--params", params, "--like", like, "--out", str(out), "--force"]) == 0  # a previous export
+    exported = sorted(os.listdir(out))
+    assert "config.json" in exported and "model.safetensors" in exported, exported
+    capsys.readouterr()
+
+    (out / unrelated).parent.mkdir(exist_ok=True)
+    (out / unrelated).write_text("the user's own")
+    before = sorted((p, os.path.getmtime(os.path.join(r, p))) for r, _, ps in os.walk(out) for p in ps)
+    assert script.main(["--params", params, "--like", like, "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(out) in err and unrelated in err, err
+    assert (out / unrelated).read_text() == "the user's own"
+    assert sorted((p, os.path.getmtime(os.path.join(r, p))) for r, _, ps in os.walk(out) for p in ps) == before
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")], "a temporary dir was left"
+
+    # A directory of other files only (not an export at all) is refused too; an empty one is written.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    assert script.main(["--params", params, "--like", like, "--out", str(other), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert str(other) in err and "not a previous export" in err and (other / "config.json").read_text() == "{}", err
+    (tmp_path / "empty").mkdir()
+    assert script.main(["--params", params, "--like", like, "--out", str(tmp_path / "empty"), "--force"]) == 0
