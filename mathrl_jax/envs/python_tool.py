@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from mathrl_jax.envs.base import Env, StepResult, check_action
-from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, SandboxResult, run_python
+from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, SandboxResult, require_isolation, run_python
 
 GEM_MAX_TOOL_USES = 10
 INSTRUCTION = (
@@ -83,7 +83,9 @@ class PythonToolEnv(Env):
       env: the task env (e.g. `MathEnv`, `GuessTheNumberEnv`).
       max_tool_calls: tool calls allowed per episode (None: unlimited).
       limits: sandbox limits of every call.
-      isolation: sandbox isolation ("auto", "namespace", "audit" or an `Isolation`).
+      isolation: sandbox isolation ("auto", "namespace", "audit" or an `Isolation`); one that cannot contain
+        the code (`Isolation.contains`) is refused here, unless `allow_not_a_sandbox`.
+      allow_not_a_sandbox: run the code even so, under the audit hook alone: not a sandbox.
       tool_reward, tool_success_reward: reward of a call, and extra for one that ran without error.
       instruction: appended to the reset observation (None: nothing).
     """
@@ -95,6 +97,7 @@ class PythonToolEnv(Env):
         max_tool_calls: int | None = GEM_MAX_TOOL_USES,
         limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen, immutable
         isolation: str | Isolation = "auto",
+        allow_not_a_sandbox: bool = False,
         tool_reward: float = 0.0,
         tool_success_reward: float = 0.0,
         instruction: str | None = INSTRUCTION,
@@ -109,7 +112,8 @@ class PythonToolEnv(Env):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
         self.env = env
         self.max_tool_calls = max_tool_calls
-        self.limits, self.isolation = limits, isolation
+        require_isolation(isolation, allow_not_a_sandbox)  # before any episode, not at the first tool call
+        self.limits, self.isolation, self.allow_not_a_sandbox = limits, isolation, allow_not_a_sandbox
         self.tool_reward, self.tool_success_reward = float(tool_reward), float(tool_success_reward)
         self.instruction = instruction
         self.tool_calls = 0
@@ -132,7 +136,7 @@ class PythonToolEnv(Env):
             info = dict(info, tool_used=False, tool_calls=self.tool_calls, tool_successes=self.tool_successes)
             return observation, reward, terminated, truncated, info
         code, style = parsed
-        result = run_python(code, self.limits, isolation=self.isolation)
+        result = run_python(code, self.limits, isolation=self.isolation, allow_not_a_sandbox=self.allow_not_a_sandbox)
         self.tool_calls += 1
         output = format_tool_output(result)
         if style == "tag":

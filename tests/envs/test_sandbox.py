@@ -1,9 +1,9 @@
 """The sandbox against hostile programs: each is stopped or refused, the host is untouched, the status names the limit.
 
 Every acceptance case runs twice: with the strongest isolation this machine offers
-and with the audit hook alone (what is left when `unshare`, cgroups and Landlock are
-all missing). Limits are tight so the fork bomb and the 10 GB allocation cannot hurt a
-shared machine.
+and with the audit hook alone (what is left when `unshare`, cgroups, Landlock and seccomp
+are all missing; not a sandbox, run here opted in: `sandbox_modes.run_python`). Limits
+are tight so the fork bomb and the 10 GB allocation cannot hurt a shared machine.
 """
 
 import concurrent.futures
@@ -18,8 +18,9 @@ import uuid
 
 import pytest
 
-from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, detect_isolation, run_python
+from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, detect_isolation
 from mathrl_jax.envs.sandbox import child as sandbox  # the entry script, whose path the tests look for
+from tests.envs.sandbox_modes import AUDIT_ONLY, AVAILABLE, run_python
 
 CLEANUP_S = 10.0  # a stopped run's kill and reaping, on a loaded machine: a hang would take far longer (60 s sleeps)
 TIGHT = SandboxLimits(
@@ -31,11 +32,9 @@ TIGHT = SandboxLimits(
     max_processes=8,
     max_output_bytes=4096,
 )
-AVAILABLE = detect_isolation()
-AUDIT_ONLY = Isolation(namespaces=False, pids_cgroup=False, landlock_abi=0)
 MODES = [pytest.param(AVAILABLE, id=AVAILABLE.name)]
 if AVAILABLE != AUDIT_ONLY:
-    MODES.append(pytest.param(AUDIT_ONLY, id="audit-hook-only"))
+    MODES.append(pytest.param(AUDIT_ONLY, id="audit-hook-only-not-a-sandbox"))
 needs_kernel_confinement = pytest.mark.skipif(
     not AVAILABLE.processes_allowed, reason=f"needs namespaces + pids cgroup + Landlock, have {AVAILABLE.name}"
 )

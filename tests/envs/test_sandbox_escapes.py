@@ -1,13 +1,15 @@
 """Escapes a security review reproduced against the sandbox, each run in every mode this machine offers.
 
-Modes: the strongest isolation here (namespaces + pids/memory cgroups + Landlock), the same without
-namespaces (what Docker usually leaves: audit hook + Landlock + cgroups), and the audit hook alone. A
-mode this machine lacks is skipped with the reason. Each test failed before its fix (see docs/sandbox.md).
+Modes (`sandbox_modes.py`): the strongest isolation here (namespaces + pids/memory cgroups + Landlock +
+seccomp), without namespaces (what Docker usually leaves: Landlock + cgroups + seccomp), without cgroups
+either (Landlock + seccomp), and the audit hook alone (not a sandbox: run only when opted in). A mode
+this machine lacks is skipped with the reason. Each test failed before its fix (see docs/sandbox.md).
 """
 
 import dataclasses
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,31 +18,11 @@ import uuid
 
 import pytest
 
-from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, detect_isolation, run_python
+from mathrl_jax.envs.sandbox import SandboxLimits, detect_isolation
 from mathrl_jax.envs.sandbox import landlock as sandbox_landlock
+from tests.envs.sandbox_modes import ALL_MODES, AUDIT_ONLY, AVAILABLE, CONTAINED_MODES, run_python
 
-AVAILABLE = detect_isolation()
-NO_NAMESPACES = dataclasses.replace(AVAILABLE, namespaces=False)
-AUDIT_ONLY = Isolation(namespaces=False, pids_cgroup=False, landlock_abi=0)
-
-
-def _mode(isolation: Isolation, id: str, needs: str | None):
-    return pytest.param(isolation, id=id, marks=pytest.mark.skipif(needs is not None, reason=needs or ""))
-
-
-MODES = [
-    _mode(
-        AVAILABLE,
-        "namespaces+cgroups+landlock",
-        None if AVAILABLE.processes_allowed else f"needs namespaces + pids cgroup + Landlock, have {AVAILABLE.name}",
-    ),
-    _mode(
-        NO_NAMESPACES,
-        "landlock+cgroups-without-namespaces",
-        None if AVAILABLE.landlock_abi else "this kernel has no Landlock (that mode is the audit hook alone here)",
-    ),
-    _mode(AUDIT_ONLY, "audit-hook-only", None),
-]
+MODES = ALL_MODES
 LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=5, max_output_bytes=1 << 16)
 
 
@@ -232,6 +214,7 @@ def unix_servers(tmp_path):
 
 
 CONNECT = """
+import signal
 import socket
 for path in {paths!r}:
     try:
@@ -321,3 +304,308 @@ def test_on_cgroup_v2_the_memory_limit_shares_the_runs_pids_cgroup(tmp_path):
     assert not memory.owned and memory.path == str(tmp_path)
     memory.kill_all_and_remove()
     assert tmp_path.is_dir()  # its owner (the pids cgroup) removes it
+
+
+# --------------------------------------------------------------------------- 6. the audit hook switched off
+
+HOOK_OFF = """
+import ctypes, sys
+
+# Writes through a pointer to the program's own buffer: indexing a ctypes pointer fires no audit event.
+_cell = ctypes.c_ssize_t(0)
+_base, _words, _kept = ctypes.addressof(_cell), ctypes.pointer(_cell), []
+
+
+def _read(address):
+    return _words[(address - _base) // 8]
+
+
+def _write(address, obj):
+    _kept.append(obj)  # never freed: the hook's defaults point at it now
+    _words[(address - _base) // 8] = id(obj)
+
+
+class _Equal:  # `family != _af_unix` is False for every family
+    __eq__ = lambda self, other: True
+    __ne__ = lambda self, other: False
+
+
+frame = sys._getframe()
+while "hook" not in frame.f_locals:
+    frame = frame.f_back
+hook = frame.f_locals["hook"]
+code = hook.__code__
+slots = [_read(id(hook) + 8 * k) for k in range(2, 16)]
+defaults = slots[slots.index(id(code)) + 1]  # func_defaults follows func_code in a function object
+count = _read(defaults + 16)
+names = code.co_varnames[code.co_argcount - count : code.co_argcount]
+off = {"_allow_proc": True, "_process_events": (), "_network_events": (), "_ctypes_events": (), "_stand_ins": (),
+       "_introspection_events": (), "_root": "", "_af_unix": _Equal(), "_read_roots": ("",)}
+for index, name in enumerate(names):
+    if name in off:
+        _write(defaults + 24 + 8 * index, off[name])
+print("hook-off", flush=True)
+"""
+"""The review's bypass (CPython 3.11+ object layouts): the hook's refusal lists emptied, everything "inside"."""
+
+ATTACKS = """
+import os, socket, stat
+def attempt(what, action):
+    try:
+        action()
+        print(what, "GAINED", flush=True)
+    except BaseException as e:
+        print(what, "refused", type(e).__name__, flush=True)
+
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"x", ("127.0.0.1", {udp_port}))
+
+def tcp():
+    socket.create_connection(("127.0.0.1", {tcp_port}), timeout=2)
+
+def unix():
+    socket.socket(socket.AF_UNIX).connect({unix_path!r})
+
+def shell():
+    os.execv("/bin/sh", ["sh", "-c", "cat {secret_path}; echo shell > {target}"])
+
+def fork():
+    if os.fork() == 0:
+        os.execv("/bin/sh", ["sh", "-c", "cat {secret_path}; echo shell > {target}"])
+    os.wait()
+
+attempt("read-host-file", lambda: print(open({secret_path!r}).read()))
+attempt("read-trainer-environ", lambda: print(open("/proc/{victim}/environ", "rb").read()))
+attempt("write-outside", lambda: open({target!r}, "w").write("escaped"))
+attempt("device-node", lambda: os.mknod("disk", stat.S_IFBLK | 0o600, os.makedev(8, 0)))
+attempt("udp", udp)
+attempt("tcp", tcp)
+attempt("unix", unix)
+attempt("fork-shell", fork)
+attempt("shell", shell)
+"""
+
+
+@pytest.fixture
+def host_listeners(tmp_path):
+    """TCP, UDP and pathname AF_UNIX listeners on the host; the test asserts none hears from the sandbox."""
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    unix_path = f"/tmp/mathrl_sandbox_test_{uuid.uuid4().hex[:12]}.sock"
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(unix_path)
+    unix.listen(8)
+    for server in (tcp, udp, unix):
+        server.setblocking(False)
+    ports = {"tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1], "unix_path": unix_path}
+
+    def heard():
+        got = []
+        for name, receive in (("tcp", tcp.accept), ("udp", lambda: udp.recv(16)), ("unix", unix.accept)):
+            try:
+                receive()
+                got.append(name)
+            except BlockingIOError:
+                pass
+        return got
+
+    yield ports, heard
+    for server in (tcp, udp, unix):
+        server.close()
+    os.unlink(unix_path)
+
+
+@pytest.fixture
+def victim():
+    """A host process (the trainer, say) holding a secret in its environment; returns (process, secret)."""
+    secret = f"HF_TOKEN=hf_{uuid.uuid4().hex}"
+    process = subprocess.Popen(["sleep", "120"], env={"PATH": "/usr/bin:/bin", secret.split("=")[0]: secret[9:]})
+    yield process, secret
+    process.kill()
+    process.wait()
+
+
+def _attack(host_secret, tmp_path, host_listeners, victim):
+    (secret_path, _), (ports, _), (process, _) = host_secret, host_listeners, victim
+    target = tmp_path / "written_by_the_sandbox"
+    return HOOK_OFF + ATTACKS.format(secret_path=str(secret_path), target=str(target), victim=process.pid, **ports)
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES)
+def test_switching_the_audit_hook_off_gains_nothing(isolation, host_secret, tmp_path, host_listeners, victim):
+    """With the hook switched off by `ctypes` writes, the review's program ran `/bin/sh` as root, read and wrote
+    host files and reached host AF_UNIX, TCP and UDP listeners (hook only), and AF_UNIX and UDP under Landlock.
+    Every mode that runs model code by default must hold it in the kernel: no host file (nor another process's
+    environment), no write outside, no device node, no host socket of any family, no shell outside."""
+    (_, secret), (_, heard), (_, trainer_secret) = host_secret, host_listeners, victim
+    result = run_python(_attack(host_secret, tmp_path, host_listeners, victim), LIMITS, isolation=isolation)
+    lines = result.stdout.splitlines()
+    assert lines[:1] == ["hook-off"], (result.status, result.stdout, result.stderr[-600:])
+    assert secret not in result.stdout and trainer_secret.split("=")[1] not in result.stdout, result.stdout
+    assert not (tmp_path / "written_by_the_sandbox").exists() and heard() == []
+    gained = [line.split()[0] for line in lines if line.endswith("GAINED")]
+    # A shell may run only where processes are allowed (namespaces): then it is confined, as asserted above.
+    assert set(gained) <= ({"fork-shell", "shell"} if isolation.processes_allowed else set()), result.stdout
+    for what in ("read-host-file", "write-outside", "device-node", "udp", "tcp", "unix"):
+        assert f"{what} refused" in result.stdout, (what, result.stdout)
+
+
+def test_the_bypass_is_real_where_the_kernel_does_not_contain(host_secret, tmp_path, host_listeners, victim):
+    """The same program under the audit hook alone (opted in: not a sandbox) gains everything the review saw:
+    it shows the test above attacks for real, and why that mode is refused by default."""
+    (_, secret), (_, heard) = host_secret, host_listeners
+    result = run_python(_attack(host_secret, tmp_path, host_listeners, victim), LIMITS, isolation=AUDIT_ONLY)
+    assert result.stdout.startswith("hook-off") and secret in result.stdout, (result.stdout, result.stderr[-600:])
+    assert (tmp_path / "written_by_the_sandbox").exists() and set(heard()) == {"tcp", "udp", "unix"}
+
+
+def test_a_mode_that_cannot_contain_is_refused_unless_opted_in():
+    """No namespaces and no Landlock + seccomp: `run_python` and the Python tool refuse, naming the opt-in."""
+    from mathrl_jax.data import Problem
+    from mathrl_jax.envs import MathEnv, PythonToolEnv, sandbox
+
+    for isolation in (AUDIT_ONLY, dataclasses.replace(AUDIT_ONLY, landlock_abi=AVAILABLE.landlock_abi or 1)):
+        with pytest.raises(RuntimeError, match="not a sandbox.*allow_not_a_sandbox=True"):
+            sandbox.run_python("print('ran')", LIMITS, isolation=isolation)
+    with pytest.raises(RuntimeError, match="allow_not_a_sandbox=True"):
+        PythonToolEnv(MathEnv([Problem(uid="p", question="1+1", answer="2")]), isolation=AUDIT_ONLY)
+    assert sandbox.run_python("print('ran')", LIMITS, isolation=AUDIT_ONLY, allow_not_a_sandbox=True).stdout == "ran\n"
+
+
+HARM = """
+import os, resource, signal, ctypes
+pid = {pid}
+def attempt(what, action):
+    try:
+        action()
+        print(what, "GAINED", flush=True)
+    except BaseException as e:
+        print(what, "refused", type(e).__name__, flush=True)
+
+libc = ctypes.CDLL(None, use_errno=True)
+attempt("prlimit-cpu", lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)))
+attempt("prlimit-fsize", lambda: resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, 1)))
+attempt("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+attempt("sched_setaffinity", lambda: os.sched_setaffinity(pid, {{0}}))
+attempt("sched_setscheduler", lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))
+attempt("pidfd_send_signal", lambda: signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGSTOP))
+attempt("kill", lambda: os.kill(pid, signal.SIGSTOP))
+attempt("killpg", lambda: os.killpg(0, signal.SIGCONT))
+def raw_kill():
+    if libc.syscall(62, pid, int(signal.SIGSTOP)) != 0:
+        raise OSError(ctypes.get_errno(), "kill")
+attempt("raw-kill", raw_kill)
+"""
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES)
+def test_other_processes_cannot_be_signalled_re_limited_or_re_prioritised(isolation, victim):
+    """`prlimit(pid, RLIMIT_CPU, (1, 1))` got a host process killed by the kernel; `setpriority`, `sched_set*`
+    and `RLIMIT_FSIZE` changed one; `pidfd_send_signal` signalled one where `os.kill` was refused. With the
+    hook off too, a host process must come out as it went in."""
+    import resource
+
+    process, _ = victim
+    pid = process.pid
+    before = (
+        resource.prlimit(pid, resource.RLIMIT_CPU),
+        resource.prlimit(pid, resource.RLIMIT_FSIZE),
+        os.getpriority(os.PRIO_PROCESS, pid),
+        os.sched_getaffinity(pid),
+        os.sched_getscheduler(pid),
+    )
+    result = run_python(HOOK_OFF + HARM.format(pid=pid), LIMITS, isolation=isolation)
+    assert (
+        result.stdout.startswith("hook-off")
+        and result.stdout.count("refused") == 9
+        or (isolation.namespaces and "GAINED" not in result.stdout.replace("killpg GAINED", ""))
+    ), (result.stdout, result.stderr[-600:])
+    with open(f"/proc/{pid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    after = (
+        resource.prlimit(pid, resource.RLIMIT_CPU),
+        resource.prlimit(pid, resource.RLIMIT_FSIZE),
+        os.getpriority(os.PRIO_PROCESS, pid),
+        os.sched_getaffinity(pid),
+        os.sched_getscheduler(pid),
+    )
+    assert (process.poll(), state, after) == (None, "S", before), result.stdout
+
+
+SURVIVOR = """
+import ctypes, os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for leave in (os.setsid, lambda: os.setpgid(0, 0), lambda: ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)):
+    try:
+        leave()
+    except OSError:
+        pass
+print("sleeping", flush=True)
+time.sleep(60)
+"""
+
+
+def _sandbox_processes():
+    """Pids of the processes running the sandbox's entry script (the supervisor and the program's process)."""
+    from mathrl_jax.envs.sandbox import child
+
+    pids = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if entry.isdigit() and child.__file__.encode() in f.read():
+                    pids.add(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+def test_no_process_outlives_the_time_limit(isolation):
+    """A program that left its process group (`setsid`), cleared its parent-death signal and ignored SIGTERM
+    was still alive after `run_python` returned `timeout` (hook only, Landlock only), reparented to pid 1.
+    Every mode, the one that is not a sandbox included (with the hook switched off there too)."""
+    import time
+
+    before = _sandbox_processes()
+    result = run_python(HOOK_OFF + SURVIVOR, SandboxLimits(wall_time_s=3.0, cpu_time_s=5), isolation=isolation)
+    assert result.status == "timeout" and "sleeping" in result.stdout, (result.status, result.stderr[-600:])
+    deadline = time.monotonic() + 5.0
+    while _sandbox_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_processes() - before == set()
+
+
+THREADS = """
+import threading, time
+started = 0
+for _ in range(64):
+    try:
+        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+        started += 1
+    except RuntimeError:
+        break
+print(started)
+"""
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES)
+def test_threads_are_capped_in_every_mode(isolation):
+    """494 threads started without a pids cgroup, where the docs say creation is refused: now none there
+    (seccomp refuses `clone`), and at most `max_processes` - 1 besides the program where a pids cgroup caps them."""
+    limits = SandboxLimits(wall_time_s=20.0, max_processes=8)
+    result = run_python(THREADS, limits, isolation=isolation)
+    assert result.status == "ok", (result.status, result.stderr[-600:])
+    cap = limits.max_processes - 1 if isolation.pids_cgroup else 0
+    assert int(result.stdout) <= cap, (result.stdout, isolation.name)
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES[1:])
+def test_system_calls_of_another_abi_are_killed(isolation):
+    """An x32 `socket` (nr | 0x40000000) is not the filter's `socket`: libseccomp kills a foreign ABI's calls."""
+    code = HOOK_OFF + "ctypes.CDLL(None).syscall(0x40000000 | 41, 2, 2, 0)\nprint('x32 socket made')"
+    result = run_python(code, LIMITS, isolation=isolation)
+    assert "x32 socket made" not in result.stdout and result.signal == signal.SIGSYS, (result.status, result.stdout)

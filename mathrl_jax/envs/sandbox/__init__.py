@@ -30,6 +30,11 @@ Layers, each used where the machine offers it (`detect_isolation`):
   or connect (ABI >= 4); no signals or abstract sockets outside the sandbox (ABI >= 6).
   Where processes are refused, no `execve` of any file either: the kernel's stop for
   a process that native code starts without an audit event.
+- seccomp-bpf (libseccomp, `seccomp.py`): wherever processes are refused, no sockets, no
+  `execve`, no new processes (threads only under a pids cgroup), nothing done to another
+  process (signals, `prlimit`, priorities, scheduling, `pidfd_*`, `ptrace`), no leaving the
+  process group; in every mode no host IPC, `io_uring`, keyrings, device nodes, file
+  handles, mounts, modules. The wall the program meets once it switches the audit hook off.
 - audit hook (always, PEP 578): refuses, with a `SandboxViolation` naming the
   operation, network calls, writes outside the working directory, reads outside
   it and the system / interpreter directories (so: no raw disks, no other
@@ -46,8 +51,12 @@ Reads of system directories (`/etc`, `/usr`, ...) stay allowed: keep secrets out
 What each mode guarantees, and the escapes tested against each: docs/sandbox.md.
 
 The audit hook (PEP 578) is not a security boundary on its own (the PEP says
-so): it is the refusal layer that names what was refused, and the fallback
-when `unshare` / cgroups / Landlock are missing. Processes (and `ctypes`) are
+so; a program switches it off with `ctypes` writes to its own objects): it is the
+refusal layer that names what was refused. Model code runs only where the kernel
+contains it without the hook (`Isolation.contains`): namespaces, or Landlock and
+seccomp; elsewhere `run_python` refuses unless told `allow_not_a_sandbox=True`.
+The program's process dies with the supervisor (`PR_SET_PDEATHSIG`), and the host's
+kill at the time limit walks the supervisor's descendants. Processes (and `ctypes`) are
 allowed only where the kernel confines what they could do without the hook:
 namespaces + a process cap + Landlock. Otherwise `os.fork`, `subprocess`,
 `os.system`, `os.exec*`, `posix_spawn` are refused (`status="process_limit"`).
@@ -79,17 +88,18 @@ Child side (the sandbox's interpreter; standard library only, never `subprocess`
 - `extension_guard`: the native extension guard and `STANDARD_EXTENSIONS`, what it lets load.
 - `private_root`: the namespace's own root file system (bind mounts, tmpfs, `pivot_root`).
 - `landlock`: Landlock ABI detection (also used by the host) and its ruleset.
+- `seccomp`: the seccomp-bpf filter over libseccomp, and its detection (also used by the host).
 
 Imports go one way: the host side imports the child side's modules (for the entry
-script's path, `READ_ROOTS`, `landlock_abi`), never the reverse; `child` loads `audit`,
-`extension_guard`, `landlock` and `private_root` by path when it runs, so none of those
+script's path, `READ_ROOTS`, `landlock_abi`, `seccomp_available`), never the reverse; `child` loads
+`audit`, `extension_guard`, `landlock`, `private_root` and `seccomp` by path when it runs, so none of those
 imports a sibling.
 """
 
 from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.child import SandboxImportViolation, SandboxViolation
 from mathrl_jax.envs.sandbox.host import run_python
-from mathrl_jax.envs.sandbox.isolation import detect_isolation
+from mathrl_jax.envs.sandbox.isolation import detect_isolation, require_isolation
 from mathrl_jax.envs.sandbox.landlock import landlock_abi
 from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
 from mathrl_jax.envs.sandbox.result import STATUSES, SandboxResult
@@ -105,5 +115,6 @@ __all__ = [
     "landlock_abi",
     "memory_cgroup_parent",
     "pids_cgroup_parent",
+    "require_isolation",
     "run_python",
 ]

@@ -8,7 +8,7 @@ is the user program's process: Landlock, rlimits, the audit hook, then `exec(cod
 
 Only the standard library is imported here: `subprocess` (and with it `_posixsubprocess`,
 which forks without an audit event) must never be loaded on this side. The child-side
-siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`) are loaded by
+siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`, `seccomp.py`) are loaded by
 path: `python -I` puts no script directory on `sys.path`, and importing the package would
 load the host side too.
 """
@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 if __package__:  # imported from the package, which re-exports the exception classes below
-    from mathrl_jax.envs.sandbox import audit, extension_guard, landlock, private_root
+    from mathrl_jax.envs.sandbox import audit, extension_guard, landlock, private_root, seccomp
 else:  # run by path as the sandbox's entry script (see the module docstring)
     import importlib.util
 
@@ -37,6 +37,7 @@ else:  # run by path as the sandbox's entry script (see the module docstring)
     extension_guard = _load_sibling("extension_guard")
     landlock = _load_sibling("landlock")
     private_root = _load_sibling("private_root")
+    seccomp = _load_sibling("seccomp")
 
 
 # The refusals are defined here, in the script that runs as `__main__`, so that the program's
@@ -148,8 +149,21 @@ def _format_exception(exc: BaseException) -> str:
     return "".join(formatted.format())
 
 
-def _worker(config: dict[str, Any], report_fd: int) -> None:
-    """The user program's process: limits, Landlock, audit hook, then `exec(code)`. Never returns."""
+def _die_with_parent(supervisor: int) -> None:
+    """SIGKILL this process when the supervisor dies (the host's kill at the time limit ends the supervisor;
+    seccomp keeps the program from undoing this or leaving the process group). Exits if it died already."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != supervisor:
+        os._exit(70)
+
+
+def _worker(config: dict[str, Any], report_fd: int, supervisor: int) -> None:
+    """The user program's process: limits, Landlock, seccomp, audit hook, then `exec(code)`. Never returns."""
     import builtins
     import linecache
     import traceback  # noqa: F401 - imported before the limits, used by _format_exception
@@ -163,16 +177,24 @@ def _worker(config: dict[str, Any], report_fd: int) -> None:
 
     workdir = config["workdir"]
     try:
+        _die_with_parent(supervisor)
         os.chdir(workdir)
+        if config["seccomp"]:
+            seccomp.load_library()  # opened before Landlock and the rlimits narrow what may be read and mapped
         if config["landlock_abi"]:
+            read_roots = config["read_roots"]
+            if not config["namespaces"]:  # /proc shows the host's processes (their `environ`): only our own entries
+                read_roots = [r for r in read_roots if r != "/proc"] + [f"/proc/{os.getpid()}"]
             landlock.apply_landlock(
                 config["landlock_abi"],
                 workdir,
-                config["read_roots"],
+                read_roots,
                 audit.DEVICES,
                 allow_execute=config["processes_allowed"],
             )
         _set_rlimits(config)
+        if config["seccomp"]:
+            seccomp.apply_seccomp(os.getpid(), config["processes_allowed"], config["threads_allowed"])
         if not config["processes_allowed"]:
             _install_stand_ins()
             # Native code spawns without audit events: only the standard library's extensions load.
@@ -265,11 +287,12 @@ def _supervise(config_path: str) -> None:
             os._exit(70)
     os.chdir(workdir)
     report_r, report_w = os.pipe()
+    supervisor = os.getpid()
     pid = os.fork()
     if pid == 0:
         os.close(report_r)
         os.close(status_fd)
-        _worker(config, report_w)
+        _worker(config, report_w, supervisor)
     os.close(report_w)
     os.set_blocking(report_r, False)
     raw = bytearray()

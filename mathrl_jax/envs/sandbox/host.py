@@ -23,7 +23,7 @@ import time
 from mathrl_jax.envs.sandbox import child
 from mathrl_jax.envs.sandbox.audit import READ_ROOTS
 from mathrl_jax.envs.sandbox.cgroup import MemoryCgroup, PidsCgroup, RunCgroup, memory_cgroup_parent, pids_cgroup_parent
-from mathrl_jax.envs.sandbox.isolation import UNSHARE_FLAGS, resolve_isolation
+from mathrl_jax.envs.sandbox.isolation import UNSHARE_FLAGS, require_isolation
 from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
 from mathrl_jax.envs.sandbox.outcome import classify, parse_status
 from mathrl_jax.envs.sandbox.result import SandboxResult
@@ -62,6 +62,7 @@ def run_python(
     stdin: str = "",
     isolation: str | Isolation = "auto",
     site_packages: bool = True,
+    allow_not_a_sandbox: bool = False,
 ) -> SandboxResult:
     """Runs `code` as a Python program in a confined child process.
 
@@ -74,22 +75,29 @@ def run_python(
         an explicit `Isolation` (e.g. to run without a layer in tests).
       site_packages: whether the program may import the interpreter's installed
         packages (sympy, numpy, ...); False runs `python -S`.
+      allow_not_a_sandbox: run even where the kernel cannot contain the program (no namespaces, and no
+        Landlock or no seccomp: `Isolation.contains`), under the audit hook and whatever layers there are.
+        That is not a sandbox: a program that switches the hook off reads and writes the host's files.
 
     Returns:
       a `SandboxResult`; it never raises for anything the program does.
+
+    Raises:
+      RuntimeError: a requested layer is missing here, or the isolation cannot contain the program and
+        `allow_not_a_sandbox` is False.
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
-    iso = resolve_isolation(isolation)
+    iso = require_isolation(isolation, allow_not_a_sandbox)
     base = os.path.realpath(tempfile.mkdtemp(prefix="mathrl_sandbox_"))
     cgroup = memory = None
     try:
         if iso.pids_cgroup:
             try:
-                # The supervisor and (with namespaces) `unshare` are two tasks on top of the user program's.
-                cgroup = PidsCgroup(pids_cgroup_parent(), limits.max_processes + 2)
+                # The supervisor and (with namespaces) `unshare` are tasks on top of the user program's.
+                cgroup = PidsCgroup(pids_cgroup_parent(), limits.max_processes + (2 if iso.namespaces else 1))
             except OSError:  # the cgroup parent went away: run without it, and so without child processes
                 iso = dataclasses.replace(iso, pids_cgroup=False)
         if iso.memory_cgroup:
@@ -125,7 +133,9 @@ def run_python(
             "status_fd": status_w,
             "namespaces": iso.namespaces,
             "landlock_abi": iso.landlock_abi,
+            "seccomp": iso.seccomp,
             "processes_allowed": iso.processes_allowed,
+            "threads_allowed": iso.pids_cgroup,
             "read_roots": [r for r in (*_interpreter_roots(), *READ_ROOTS) if os.path.exists(r)],
             "cpu_time_s": limits.cpu_time_s,
             "memory_bytes": limits.memory_bytes,
@@ -144,8 +154,35 @@ def run_python(
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid`'s descendants, parents before children (from `/proc/<pid>/task/<tid>/children`)."""
+    found, pending = [], [pid]
+    while pending and len(found) < 100_000:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += children
+            pending += children
+    return found
+
+
 def _kill(proc, *cgroups: RunCgroup | None) -> None:
-    """SIGKILLs the run's process group and, where there are any, every process in its cgroups."""
+    """SIGKILLs every process of the run: the supervisor's descendants (children first: a killed child stays
+    its living parent's zombie, so its pid cannot be reused before the parent is killed), wherever they moved
+    (`setsid` where seccomp does not refuse it), the run's process group, and every process in its cgroups."""
+    for pid in reversed(_descendants(proc.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -18,6 +18,7 @@ import tempfile
 from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.landlock import landlock_abi
 from mathrl_jax.envs.sandbox.limits import Isolation
+from mathrl_jax.envs.sandbox.seccomp import seccomp_available
 
 UNSHARE_FLAGS = (
     "--user",
@@ -86,6 +87,29 @@ def detect_isolation(unshare: str = "unshare") -> Isolation:
         pids_cgroup=pids_cgroup_parent() is not None,
         landlock_abi=landlock_abi(),
         memory_cgroup=memory_cgroup_parent() is not None,
+        seccomp=sys.platform.startswith("linux") and seccomp_available(),
+    )
+
+
+NOT_A_SANDBOX = (
+    "it is not a sandbox: the kernel would not hold the program once it switches the audit hook off (from Python, "
+    "with ctypes): it could read and write host files, reach host sockets and run programs. Run on a machine with "
+    "user namespaces, or Landlock (Linux >= 5.13) and libseccomp; or pass allow_not_a_sandbox=True to accept that"
+)
+
+
+def check_contains(isolation: Isolation, allow_not_a_sandbox: bool) -> None:
+    """Raises (RuntimeError, naming the missing layers) if `isolation` cannot contain model code and the caller did
+    not accept that with `allow_not_a_sandbox=True` (see `Isolation.contains`)."""
+    if isolation.contains or allow_not_a_sandbox:
+        return
+    missing = ["namespaces"]
+    if not isolation.landlock_abi:
+        missing.append("Landlock")
+    if not isolation.seccomp:
+        missing.append("seccomp")
+    raise RuntimeError(
+        f"refusing to run model code under isolation {isolation.name!r} (no {', no '.join(missing)}): {NOT_A_SANDBOX}"
     )
 
 
@@ -111,8 +135,19 @@ def resolve_isolation(isolation: str | Isolation) -> Isolation:
         missing.append("pids_cgroup")
     if requested.memory_cgroup and not available.memory_cgroup:
         missing.append("memory_cgroup")
+    if requested.seccomp and not available.seccomp:
+        missing.append("seccomp (libseccomp.so.2)")
     if requested.landlock_abi > available.landlock_abi:
         missing.append(f"landlock_abi={requested.landlock_abi} (kernel has {available.landlock_abi})")
     if missing:
         raise RuntimeError(f"requested isolation {requested} but this machine lacks: {', '.join(missing)}")
     return requested
+
+
+def require_isolation(isolation: str | Isolation, allow_not_a_sandbox: bool = False) -> Isolation:
+    """The layers `run_python(isolation=..., allow_not_a_sandbox=...)` would use; raises (RuntimeError) where a
+    requested layer is missing here or the layers cannot contain model code and that was not accepted. For a
+    caller that must know before its first run (the Python tool, at construction)."""
+    resolved = resolve_isolation(isolation)
+    check_contains(resolved, allow_not_a_sandbox)
+    return resolved

@@ -56,12 +56,15 @@ class Isolation:
       pids_cgroup: cap processes with a pids cgroup.
       landlock_abi: Landlock ABI version to apply (0: none).
       memory_cgroup: hold the whole run's memory to `memory_bytes` with a memory cgroup.
+      seccomp: a seccomp-bpf filter (`seccomp.py`) in the user program's process, wherever processes are
+        refused: no sockets, no processes, nothing done to another process.
     """
 
     namespaces: bool
     pids_cgroup: bool
     landlock_abi: int
     memory_cgroup: bool = False
+    seccomp: bool = False
 
     @property
     def processes_allowed(self) -> bool:
@@ -69,8 +72,16 @@ class Isolation:
         return self.namespaces and self.pids_cgroup and self.landlock_abi >= 1
 
     @property
+    def contains(self) -> bool:
+        """Whether the kernel holds the program with the audit hook switched off (from Python, by `ctypes`):
+        its own namespaces (a private root, no network, its own pids), or, without them, Landlock (files) and
+        the seccomp filter (sockets, processes, other processes). Anything less is not a sandbox: `run_python`
+        refuses it unless told `allow_not_a_sandbox=True`."""
+        return self.namespaces or (self.landlock_abi >= 1 and self.seccomp)
+
+    @property
     def name(self) -> str:
-        """e.g. "namespace+cgroup+memcg+landlock7" or "audit"."""
+        """e.g. "namespace+cgroup+memcg+landlock7+seccomp" or "audit"."""
         parts = ["namespace" if self.namespaces else "audit"]
         if self.pids_cgroup:
             parts.append("cgroup")
@@ -78,4 +89,6 @@ class Isolation:
             parts.append("memcg")
         if self.landlock_abi:
             parts.append(f"landlock{self.landlock_abi}")
+        if self.seccomp:
+            parts.append("seccomp")
         return "+".join(parts)
