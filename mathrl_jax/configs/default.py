@@ -35,6 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
     # A resumed run must train what the saved run did: keys that change what is trained (lr, model, data, ...) are
     # refused unless named here, comma-separated ("lr,warmup_steps"); see train.resume.RESUME_MAY_CHANGE.
     config.resume_allow_changes = ""
+    # True: resume from a checkpoint step saved before checksums were kept, which nothing can verify (a warning
+    # names it). False: such a step stops the run (exit 2, naming it). A step whose checksums were lost (its metadata
+    # lists them) is refused either way, as a damaged one: the newest intact step is restored instead.
+    config.resume_allow_unverified = False
 
     # --- model -------------------------------------------------------------------------
     config.model_name_or_path = ""  # a local HF checkpoint; "" = the tiny offline model (written to run_dir)

@@ -30,6 +30,7 @@ from mathrl_jax.train import update as update_lib
 from mathrl_jax.train.async_loop import pending_from_checkpoint
 from mathrl_jax.train.batch import BatchMaker
 from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint_errors import UnverifiedCheckpointError
 from mathrl_jax.train.collect import RolloutMaker
 from mathrl_jax.train.evaluation import held_out_accuracy
 from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
@@ -282,7 +283,10 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     )
     loader = sources.ProblemLoader(train_problems, seed=config.seed)
     checkpointer = Checkpointer(
-        os.path.join(run_dir, "checkpoints"), save_interval=config.save_interval, max_to_keep=config.max_to_keep
+        os.path.join(run_dir, "checkpoints"),
+        save_interval=config.save_interval,
+        max_to_keep=config.max_to_keep,
+        allow_unverified=config.resume_allow_unverified,
     )
     start_iteration = 0
     pending: List[Any] = []
@@ -292,7 +296,11 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         # Before the restore, whose tree check would refuse adapters against full weights with a list of keys
         latest = checkpointer.latest_step()
         check_lora_base(checkpointer.read_metadata(latest).get(LORA_BASE_KEY), base_record, latest)
-        state, metadata = checkpointer.restore(state)
+        try:
+            state, metadata = checkpointer.restore(state)
+        except UnverifiedCheckpointError as error:
+            error.setting = "--config.resume_allow_unverified=True"
+            fail(f"{error} (or start over: --config.resume=False, or another --config.run_dir)")
         check_lora_base(metadata.get(LORA_BASE_KEY), base_record, checkpointer.restored_step)
         loader.restore(metadata["data"])
         start_iteration = int(metadata["iteration"])

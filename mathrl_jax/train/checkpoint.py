@@ -35,7 +35,14 @@ Guarantees:
   refused; restoring the latest step falls back to the newest intact one, with a warning
   naming both; the refused steps are removed at the next `save`; rotation (`max_to_keep`)
   never removes the last step `restore` verified. Every step failing is a
-  `CorruptCheckpointError`. Steps saved before checksums were kept restore unverified.
+  `CorruptCheckpointError`. Fail closed: a step whose checksums are missing while its Orbax
+  metadata (`_CHECKPOINT_METADATA`) lists them, or an older step has them, is refused as damaged;
+  a step saved before checksums were kept (its metadata lists none) is restored only with
+  `allow_unverified=True` (with a warning), else an `UnverifiedCheckpointError` naming it.
+- One line per failed save: a save that fails (a full disk) raises a `CheckpointError` naming
+  its own step, its directory and the steps kept, where the failure is met (the next `save`,
+  `wait_until_finished` or `close` for a background write); what Orbax's threads log about it
+  is not printed (`checkpoint_faults`). The steps saved before it stay as they were.
 
 The state is a pytree of dicts, lists, tuples, NamedTuples (optax states), registered
 dataclasses or flax `nnx.State`. Orbax saves it as it is and restores it into the
@@ -76,7 +83,12 @@ from mathrl_jax.train.checkpoint_directory import (
     CheckpointDirectory,
     _check_step,
 )
-from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnreadableCheckpointError
+from mathrl_jax.train.checkpoint_errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    UnreadableCheckpointError,
+    UnverifiedCheckpointError,
+)
 from mathrl_jax.train.checkpoint_tree import (
     _abstract,
     _check_matches,
@@ -109,6 +121,9 @@ class Checkpointer(CheckpointDirectory):
       async_save: write the files in a background thread (see the module docstring).
       read_only: only read the directory (e.g. export a run that may still be training): it is not
         created, a save in progress is not taken for a crashed one and removed, and `save` is refused.
+      allow_unverified: restore a step saved before checksums were kept (nothing can verify it), with a
+        warning; without it such a step is an `UnverifiedCheckpointError`. A step whose checksums are
+        missing although it was saved with them is refused either way.
 
     Every process of a multi-host job constructs the Checkpointer and calls
     `save` / `restore` with its part of the global arrays; Orbax writes the
@@ -155,6 +170,10 @@ class Checkpointer(CheckpointDirectory):
         A step that already exists is not overwritten (returns False). A step older
         than the latest saved one is an error: restore that step first, or use
         another directory.
+
+        Raises:
+          CheckpointError: the save failed (a full disk, ...): this one, or the previous one, which was
+            written in the background; the message names the step that failed, its directory and the steps kept.
         """
         self._check_writable()
         step = _check_step(step)
@@ -172,6 +191,7 @@ class Checkpointer(CheckpointDirectory):
             name: {"dtype": dtypes[name].name, "checksum": checksum}
             for name, checksum in leaf_checksums(named, dtypes).items()
         }
+        self.wait_until_finished()  # a failure of the previous save is reported under its own step, not this one
         self._remove_corrupt_steps()
         steps = self.all_steps()
         if step in steps:
@@ -200,10 +220,15 @@ class Checkpointer(CheckpointDirectory):
             items[ARRAYS_ITEM] = ocp.args.StandardSave(dict(arrays))
         items[CHECKSUMS_ITEM] = ocp.args.JsonSave(recorded)
         args = ocp.args.Composite(**items)
+        self._saving = step
+        self._noise.hold()  # Orbax's threads log a failed write many times over: reported once, by this class
         try:
-            return bool(self._manager.save(step, args=args, force=True))
-        except Exception as e:  # re-raised with the directory and step named
-            raise CheckpointError(f"cannot save step {step} in {self.directory}: {e}") from e
+            saved = bool(self._manager.save(step, args=args, force=True))
+        except Exception as e:  # noqa: BLE001  re-raised in one line, with the directory and step named
+            raise self._save_failed(step, e) from e
+        if not self.async_save:
+            self.wait_until_finished()
+        return saved
 
     def _remove_corrupt_steps(self) -> None:
         """Deletes the steps `restore` found corrupt, so that the run can save those steps again."""
@@ -234,19 +259,21 @@ class Checkpointer(CheckpointDirectory):
           (the state with the target's tree structure, shardings and dtypes, the metadata dict).
           Values are bit-identical to those saved when the dtypes agree (a differing
           target dtype is a cast). Every leaf is verified against the checksum saved with
-          it (steps saved before checksums were kept are restored unverified).
-          `restored_step` says which step it was.
+          it; a step saved before checksums were kept is restored unverified only with
+          `allow_unverified`, with a warning. `restored_step` says which step it was.
 
         With `step=None`, a step that fails verification (a damaged data file, unreadable
-        metadata) is refused and the next older one tried; a warning names the refused and the
-        restored steps. The refused steps are removed at the next `save`, and rotation keeps the
-        restored step until the run ends (see `_KeepStep`).
+        metadata, missing checksums that its Orbax metadata lists) is refused and the next older one
+        tried; a warning names the refused and the restored steps. The refused steps are removed at
+        the next `save`, and rotation keeps the restored step until the run ends (see `_KeepStep`).
 
         Raises:
           CheckpointError: no checkpoint in the directory, no such step, or a target whose
             keys or shapes differ from the saved ones (a `TargetMismatchError`; the keys are named).
           CorruptCheckpointError: the step asked for, or with `step=None` every step, fails
             verification (the steps and leaves are named).
+          UnverifiedCheckpointError: the step to restore was saved before checksums were kept, and
+            `allow_unverified` is false (no older step is tried in its place).
         """
         self._check_open()
         if step is not None:
@@ -263,6 +290,14 @@ class Checkpointer(CheckpointDirectory):
                     self._corrupt.add(candidate)
                 refused.append((candidate, error))
                 continue
+            except UnverifiedCheckpointError as error:  # not tried past: nothing says an older step is intact
+                if not refused:
+                    raise
+                raise UnverifiedCheckpointError(
+                    f"the newer steps {', '.join(str(s) for s, _ in refused)} fail verification; {error.reason}",
+                    step=error.step,
+                    where=error.where,
+                ) from error
             if refused:
                 _log.warning(
                     "checkpoint step %s in %s failed verification and is not restored (%s); restored step %d, the "
@@ -278,6 +313,14 @@ class Checkpointer(CheckpointDirectory):
             + "; ".join(f"step {s}: {e}" for s, e in refused)
             + "); restore an intact copy or start the run in a new directory"
         )
+
+    def _lists_checksums(self, step: int) -> bool:
+        """Whether the step's Orbax metadata (`_CHECKPOINT_METADATA`: the items it was saved with) names checksums;
+        without that file Orbax lists the items present, which a missing checksums item is not."""
+        try:
+            return CHECKSUMS_ITEM in (self._manager.metadata(step).item_handlers or {})
+        except Exception:  # noqa: BLE001  unreadable metadata: the checksums' absence is not explained by it
+            return False
 
     def _restore_verified(self, target: Any, step: int, partial: bool = False) -> tuple[Any, dict[str, Any]]:
         """`restore` of one step, its leaves verified against the checksums saved with it."""
@@ -367,10 +410,34 @@ class Checkpointer(CheckpointDirectory):
 
     def _recorded_checksums(self, step: int) -> tuple[dict[str, tuple[np.dtype, str | None]], str | None]:
         """({key: (dtype, checksum)}, the metadata's SHA-256) saved with `step`; ({}, None) for a step saved before
-        checksums were kept."""
+        checksums were kept, when `allow_unverified`.
+
+        Raises:
+          CorruptCheckpointError: the checksums are missing where they were written: the step's Orbax metadata
+            lists them, or an older step has them (a version that kept them saved this one).
+          UnverifiedCheckpointError: a step saved before checksums were kept, without `allow_unverified`.
+        """
         where = os.path.join(self.directory, str(step))
-        if not (self._manager.directory / str(step) / CHECKSUMS_ITEM).exists():  # an etils.epath.Path: local or URL
-            _log.info("checkpoint %s has no checksums (saved by an older version); restored unverified", where)
+        root = self._manager.directory  # an etils.epath.Path: local or URL
+        if not (root / str(step) / CHECKSUMS_ITEM).exists():
+            older = [s for s in self.all_steps() if s < step and (root / str(s) / CHECKSUMS_ITEM).exists()]
+            listed = self._lists_checksums(step)
+            if listed or older:
+                written = "its metadata lists them" if listed else f"the older step {older[-1]} has some"
+                raise CorruptCheckpointError(
+                    f"checkpoint {where} fails verification: its checksums are missing ({written}; a deleted or lost "
+                    "file), so its data cannot be verified"
+                )
+            if not self.allow_unverified:
+                raise UnverifiedCheckpointError(
+                    f"checkpoint {where} (step {step}) has no checksums (saved before they were kept), so nothing "
+                    "can verify its data",
+                    step=step,
+                    where=where,
+                )
+            _log.warning(
+                "checkpoint %s has no checksums (saved before they were kept); restored unverified, as allowed", where
+            )
             return {}, None
         try:
             args = ocp.args.Composite(**{CHECKSUMS_ITEM: ocp.args.JsonRestore()})

@@ -7,6 +7,7 @@ state), and its life cycle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnreadableCheckpointError
+from mathrl_jax.train.checkpoint_faults import SaveNoise, save_failure
 from mathrl_jax.train.checkpoint_tree import _named
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class CheckpointDirectory:
         max_to_keep: int | None = 3,
         async_save: bool = True,
         read_only: bool = False,
+        allow_unverified: bool = False,
     ) -> None:
         if isinstance(save_interval, bool) or not isinstance(save_interval, (int, np.integer)) or save_interval < 0:
             raise ValueError(f"save_interval={save_interval!r}: expected an int >= 0 (0: only forced saves)")
@@ -56,6 +59,7 @@ class CheckpointDirectory:
         self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
         self.async_save = bool(async_save)
         self.read_only = bool(read_only)
+        self.allow_unverified = bool(allow_unverified)
         self._corrupt: set[int] = set()  # steps `restore` found corrupt: never restored, removed at the next save
         self._verified: int | None = None  # the newest step whose checksums `restore` verified: rotation keeps it
         self.restored_step: int | None = None  # the step the last `restore` returned (an older one on a fallback)
@@ -85,6 +89,9 @@ class CheckpointDirectory:
         }
         self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
         self._closed = False
+        self._saving: int | None = None  # the step of the save in flight (written in the background)
+        self._failed: CheckpointError | None = None  # a save's failure, reported once; the manager is spent
+        self._noise = SaveNoise(directory)  # what Orbax's threads log about a failed save: not printed beside it
 
     # ---- steps ----
 
@@ -175,14 +182,50 @@ class CheckpointDirectory:
     # ---- life cycle ----
 
     def wait_until_finished(self) -> None:
-        """Blocks until a background save is written and finalized (raises its error, if any)."""
-        self._manager.wait_until_finished()
+        """Blocks until a background save is written and finalized.
+
+        Raises:
+          CheckpointError: that save failed (a full disk, ...); one line naming its step, its directory and the
+            steps kept (`checkpoint_faults.save_failure`), raised again by every later call: Orbax's manager
+            takes no save after a failed one.
+        """
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001  Orbax's threads raise whatever the write met
+            if self._saving is None:
+                raise
+            raise self._save_failed(self._saving, e) from e
+        self._saving = None
+        self._noise.release()
+
+    def _save_failed(self, step: int, error: BaseException) -> CheckpointError:
+        """The error of the failed save of `step`, kept to be raised again; Orbax's noise about it is dropped."""
+        self._noise.drop()
+        self._saving = None
+        with contextlib.suppress(Exception):  # Orbax dropped the steps to rotate out at the save's start: on disk
+            self._manager.reload()  # they stay, deleted only once a save is finalized
+        self._failed = save_failure(self.directory, step, error, [s for s in self.all_steps() if s != step])
+        return self._failed
 
     def close(self) -> None:
-        """Waits for the pending save, then releases the manager; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._manager.close()
+        """Waits for the pending save, then releases the manager; idempotent. Raises a failure of that save
+        (`wait_until_finished`), not one already raised."""
+        if self._closed:
+            return
+        self._closed = True
+        reported = self._failed is not None
+        try:
+            self.wait_until_finished()
+        except CheckpointError:
+            with contextlib.suppress(Exception):  # its own wait raises the failed save again
+                self._manager.close()
+            if reported:
+                return
+            raise
+        self._manager.close()
+        self._noise.uninstall()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -29,6 +29,7 @@ from mathrl_jax.sharding import distributed
 from mathrl_jax.train.async_loop import AsyncRollouts, pending_to_checkpoint
 from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, prepare_batch
 from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
+from mathrl_jax.train.checkpoint_faults import DISK_ERRNOS
 from mathrl_jax.train.collect import Collected, SyncRollouts
 from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
 from mathrl_jax.train.lora_base import LORA_BASE_KEY
@@ -200,18 +201,36 @@ def export_final_model(run: Run, final: str) -> None:
     params = distributed.fetch(params)  # every process takes part in gathering the shards
     distributed.on_main_process(
         "final_model",
-        lambda: files.write_directory(
-            final, lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir)
+        lambda: _write_export(
+            "the final model",
+            final,
+            lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir),
         ),
     )
     if model_config.lora_rank:
         adapter_dir = os.path.join(os.path.dirname(final), FINAL_ADAPTER)
         distributed.on_main_process(
             FINAL_ADAPTER,
-            lambda: files.write_directory(
-                adapter_dir, lambda d: peft_adapters.export_adapters(params, model_config, d, run.model_dir)
+            lambda: _write_export(
+                "the final adapters",
+                adapter_dir,
+                lambda d: peft_adapters.export_adapters(params, model_config, d, run.model_dir),
             ),
         )
+
+
+def _write_export(what: str, directory: str, write: Callable[[str], None]) -> None:
+    """`files.write_directory(directory, write)`; a disk that refuses the write (full, read-only: `DISK_ERRNOS`) is
+    a `TrainingError` naming the directory (the OS's error names only the errno), the previous export kept."""
+    try:
+        files.write_directory(directory, write)
+    except OSError as error:
+        if error.errno not in DISK_ERRNOS:
+            raise
+        raise TrainingError(
+            f"cannot write {what} to {directory}: {error.strerror or error}; the checkpoints are kept: free the "
+            "disk and rerun the same command, which exports it"
+        ) from error
 
 
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
@@ -337,10 +356,12 @@ def train(
     finally:
         source.close()
         progress.close()
-        run.checkpointer.close()
-        release_run_dir(settings.run_dir)  # the directory is free for the next run of this process or another
-        run.logger.close()
-        run.rollouts.grader.close()
-        with contextlib.suppress(Exception):  # a vLLM engine's workers, a server's transfer: after all that matters
-            getattr(run.rollouts.sampler, "close", lambda: None)()
+        try:
+            run.checkpointer.close()  # raises a failure of the last save (a full disk), once the rest is closed too
+        finally:
+            release_run_dir(settings.run_dir)  # the directory is free for the next run of this process or another
+            run.logger.close()
+            run.rollouts.grader.close()
+            with contextlib.suppress(Exception):  # a vLLM engine's workers, a server's transfer: after all that matters
+                getattr(run.rollouts.sampler, "close", lambda: None)()
     return summary

@@ -15,6 +15,7 @@ RESUME_MAY_CHANGE = (
     "resume",
     "run_dir",
     "resume_allow_changes",
+    "resume_allow_unverified",
     "eval_interval",
     "eval_n_samples",
     "num_eval_problems",

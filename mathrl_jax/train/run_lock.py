@@ -22,14 +22,22 @@ _HELD: Dict[str, int] = {}  # real path of a run dir -> the descriptor holding i
 
 def acquire_run_dir(run_dir: str) -> None:
     """Locks `run_dir` (created if missing) for this process; a second process gets `TrainingError` naming the
-    holder. Taking it again in the same process is a no-op (a resumed run built twice in one interpreter)."""
-    os.makedirs(run_dir, exist_ok=True)
+    holder. Taking it again in the same process is a no-op (a resumed run built twice in one interpreter). A run
+    dir that cannot be written (a read-only file system, no permission, a full disk) is a `TrainingError` naming
+    it: the lock is the run's first write."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as error:
+        _unwritable(run_dir, error)
     key = os.path.realpath(run_dir)
     if key in _HELD:
         return
     path = os.path.join(run_dir, LOCK_NAME)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            _unwritable(run_dir, error)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -47,9 +55,21 @@ def acquire_run_dir(run_dir: str) -> None:
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError as error:
+        os.close(fd)
+        _unwritable(run_dir, error)
     _HELD[key] = fd
+
+
+def _unwritable(run_dir: str, error: OSError) -> None:
+    where = f" ({error.filename})" if error.filename and os.fspath(error.filename) != os.fspath(run_dir) else ""
+    fail(
+        f"cannot write the run dir {run_dir}: {error.strerror or error}{where}; give a writable --config.run_dir "
+        "(a run writes its checkpoints, metrics and model there)"
+    )
 
 
 def release_run_dir(run_dir: str) -> None:

@@ -4,8 +4,10 @@ damaged is a CheckpointError naming them; rotation keeps the intact step; checks
 array lives (host or device, any dtype)."""
 
 import glob
+import json
 import logging
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import pytest
 
 from mathrl_jax.train import checksums
 from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError
+from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnverifiedCheckpointError
 
 
 def make_state(step):
@@ -108,6 +110,68 @@ def test_rotation_keeps_the_intact_step_and_the_damaged_one_is_saved_anew(tmp_pa
     with Checkpointer(tmp_path, save_interval=2, max_to_keep=1) as checkpointer:
         _, metadata = checkpointer.restore(make_state(0))
         assert metadata == {"iteration": 6}
+
+
+def remove_checksums(directory, step, *, from_metadata=False):
+    """Deletes the step's checksums item; with `from_metadata`, also its entry in the step's Orbax metadata
+    (`_CHECKPOINT_METADATA`, the items it was saved with): a step as a version before checksums left it."""
+    shutil.rmtree(os.path.join(directory, str(step), "checksums"))
+    if from_metadata:
+        path = os.path.join(directory, str(step), "_CHECKPOINT_METADATA")
+        with open(path) as f:
+            metadata = json.load(f)
+        del metadata["item_handlers"]["checksums"]
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+
+
+def test_a_step_whose_checksums_were_deleted_is_refused_as_damaged(tmp_path, caplog):
+    """Issue 45: a flipped byte in 4/state plus a deleted 4/checksums restored step 4 unverified (another state,
+    no message) and rotation then removed the intact step 2. Its metadata lists the checksums: refused as damaged,
+    step 2 restored and named, kept by rotation, and 4 saved anew."""
+    save_steps(tmp_path, [2, 4])
+    flip_a_byte(tmp_path, 4)
+    remove_checksums(tmp_path, 4)
+    with Checkpointer(tmp_path, save_interval=2, max_to_keep=1) as checkpointer:
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+            state, metadata = checkpointer.restore(make_state(0))
+        assert metadata == {"iteration": 2} and checkpointer.restored_step == 2
+        assert_equal_state(state, make_state(2))
+        assert "checkpoint step 4" in caplog.text and "restored step 2, the newest intact step" in caplog.text
+        assert "its checksums are missing (its metadata lists them" in caplog.text
+        with pytest.raises(CorruptCheckpointError, match=r"/4 fails verification: its checksums are missing"):
+            checkpointer.restore(make_state(0), step=4)
+        assert checkpointer.should_save(4)  # the refused step does not count as saved
+        assert checkpointer.save(4, make_state(4), {"iteration": 4})
+        assert checkpointer.save(6, make_state(6), {"iteration": 6})
+        checkpointer.wait_until_finished()
+        assert checkpointer.all_steps() == [2, 6]  # max_to_keep=1 keeps 6; 2 stays: the last verified step
+
+
+def test_a_step_without_checksums_after_one_with_them_is_refused_as_damaged(tmp_path, caplog):
+    """The step's metadata edited too (checksums no longer listed): an older step has checksums, so this one was
+    saved by a version that kept them; refused, not taken for a step of before checksums."""
+    save_steps(tmp_path, [2, 4])
+    remove_checksums(tmp_path, 4, from_metadata=True)
+    with Checkpointer(tmp_path, save_interval=2, allow_unverified=True) as checkpointer:
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+            _, metadata = checkpointer.restore(make_state(0))
+    assert metadata == {"iteration": 2} and "the older step 2 has some" in caplog.text
+
+
+def test_a_step_saved_before_checksums_restores_only_when_allowed(tmp_path, caplog):
+    save_steps(tmp_path, [2])
+    remove_checksums(tmp_path, 2, from_metadata=True)  # as a version before checksums saved it
+    with Checkpointer(tmp_path, save_interval=2) as checkpointer:
+        with pytest.raises(UnverifiedCheckpointError, match=r"/2 \(step 2\) has no checksums .*allow_unverified=True"):
+            checkpointer.restore(make_state(0))
+        with pytest.raises(UnverifiedCheckpointError):
+            checkpointer.restore(make_state(0), step=2)
+    with Checkpointer(tmp_path, save_interval=2, allow_unverified=True) as checkpointer:
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+            state, metadata = checkpointer.restore(make_state(0))
+    assert metadata == {"iteration": 2} and "restored unverified" in caplog.text
+    assert_equal_state(state, make_state(2))
 
 
 def test_a_cast_on_restore_is_verified_before_the_cast(tmp_path):
