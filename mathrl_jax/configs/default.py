@@ -136,7 +136,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.guess_number = ml_collections.ConfigDict({"min_number": 1, "max_number": 20, "max_turns": 20})
     # reward.functions: your own reward functions (reward_source "functions" or "verifier+functions"),
     # comma-separated "module:function" or "path/to/file.py:function", called as TRL calls its reward_funcs
-    # (rewards/functions.py); reward.weights: one per function, comma-separated ("" = 1 each).
+    # (rewards/functions.py); reward.weights: one per function, comma-separated ("" = 1 each);
+    # reward.function_timeout_s: the longest one call of a function may take (seconds): past it the run stops
+    # naming it (exit 2); each function runs in a process of its own, killed at the limit. Each result must be
+    # one number (or None) per completion, finite in float32, else the run stops naming the function and value.
     config.reward = ml_collections.ConfigDict(
         {
             "correct": 1.0,
@@ -147,6 +150,7 @@ def get_config() -> ml_collections.ConfigDict:
             "num_workers": 2,
             "functions": "",
             "weights": "",
+            "function_timeout_s": 60.0,
         }
     )
 

@@ -12,52 +12,69 @@ one entry per completion (a prompt repeated once per sample of its group), the p
 scored by this function" (TRL's convention): it adds 0 and is left out of the function's logged mean. The reward
 of a completion is the weighted sum over the functions (`reward.weights`, TRL's `reward_weights`; default 1
 each), plus the math verifier's score where `reward_source` is "verifier+functions".
+
+Every result is checked (`check_result`): a list or tuple of one entry per completion, each a real number (a
+bool counts as 1 or 0; numpy scalars too) or None, or a numeric array of shape `(n,)` (numpy, or anything with
+`__array__`), every value finite in float32, the trainer's dtype (`1e39` is not). Anything else (a dict, a
+string, a generator, a string entry, NaN, a wrong length) raises `RewardFunctionError` naming the function and
+the value (exit status 2 from `scripts/train.py`); so do a function that raises and a weighted sum that
+overflows float32.
+
+Every call is bounded by `timeout_s` (`reward.function_timeout_s`); past it `RewardFunctionError` names the
+function. How a call is bounded depends on how the function was given:
+
+- named in the config (`RewardFunctions.from_config`, `reward.functions`): the function runs in a process of its
+  own (`function_process.FunctionProcess`), loaded there from its module or file, and a call past the limit
+  kills that process and its children (the next call starts a fresh one). This bounds any hang, one in C code
+  holding the interpreter lock included (a regular expression that backtracks without end). The price: the
+  function shares no state with the training process, and its arguments and result cross a socket pickled.
+- given in Python (`RewardFunctions([fn, ...])`, `loop.train(reward_functions=...)`): a closure may hold
+  anything, so it is called in this process, in a daemon thread that the caller waits for with a deadline. A
+  thread cannot be stopped: past the limit the call is abandoned and keeps running in the background (the run
+  stops; in Python a later call of that function is refused while it still runs), and a hang in C code that
+  holds the interpreter lock stalls the whole process, the deadline included. Name the function in
+  `reward.functions` to have it killed instead. (In a thread, signal-based timeouts, such as math-verify's
+  default, do not work.)
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import collections.abc
 import math
-import os
+import numbers
+import reprlib
+import threading
+import weakref
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from mathrl_jax.errors import MathRLError
+from mathrl_jax.rewards.function_loading import RewardFunctionError, load_reward_function, split_spec
+from mathrl_jax.rewards.function_process import FunctionProcess, FunctionProcessError
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "LOAD_TIMEOUT_S",
+    "PROBLEM_COLUMNS",
+    "RewardFunctionError",
+    "RewardFunctions",
+    "check_result",
+    "load_reward_function",
+    "parse_weights",
+    "split_spec",
+]
 
 PROBLEM_COLUMNS = ("question", "answer", "solution", "level", "subject", "uid")
 """The fields of `data.layouts.Problem` each function receives, as lists aligned with the completions."""
 
+DEFAULT_TIMEOUT_S = 60.0
+"""The longest one call may take, in Python; a run takes `reward.function_timeout_s`."""
 
-class RewardFunctionError(MathRLError, ValueError):
-    """A reward function that cannot be loaded, or that returned something other than one finite number per
-    completion; names the function."""
+LOAD_TIMEOUT_S = 300.0
+"""How long a function named in the config may take to load in its process (its module's imports), not counted
+in the calls' timeout."""
 
-
-def load_reward_function(spec: str) -> Callable[..., Sequence[float]]:
-    """`module:function` (an importable module) or `path/to/file.py:function` (a file, loaded by path)."""
-    module_name, sep, function_name = spec.strip().rpartition(":")
-    if not sep or not module_name or not function_name:
-        raise RewardFunctionError(f"reward function {spec!r}: expected 'module:function' or 'path/file.py:function'")
-    try:
-        if module_name.endswith(".py"):
-            if not os.path.isfile(module_name):
-                raise RewardFunctionError(f"reward function {spec!r}: no file {module_name!r}")
-            name = f"mathrl_jax_reward_{abs(hash(os.path.abspath(module_name)))}"
-            loader_spec = importlib.util.spec_from_file_location(name, module_name)
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except RewardFunctionError:
-        raise
-    except Exception as error:  # the user's module failing to import: name it and say how
-        raise RewardFunctionError(f"reward function {spec!r}: cannot load {module_name!r}: {error}") from error
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise RewardFunctionError(f"reward function {spec!r}: {module_name!r} has no function {function_name!r}")
-    return function
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def parse_weights(text: str, count: int) -> Tuple[float, ...]:
@@ -73,47 +90,234 @@ def parse_weights(text: str, count: int) -> Tuple[float, ...]:
     return weights
 
 
+def _short(value) -> str:
+    """A truncated repr of a function's result, for a message."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 6
+    try:
+        text = " ".join(short.repr(value).split())  # one line (numpy's repr of a matrix has several)
+    except Exception:  # noqa: BLE001  a repr that fails: the type says enough
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _a(value) -> str:
+    """The article and the name of a value's type: "a dict", "an int"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _entry(value):
+    """A result entry as a float, None for None; raises TypeError for what is not a real number."""
+    if value is None:
+        return None
+    if isinstance(value, (numbers.Real, np.bool_)):
+        return float(value)  # OverflowError for an int beyond float64
+    if hasattr(value, "__array__") and getattr(value, "shape", None) == ():  # a 0-d numpy / JAX array
+        array = np.asarray(value)
+        if array.dtype.kind in "biuf":
+            return float(array)
+    raise TypeError
+
+
+def check_result(label: str, values: Any, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """`([n] float64 values, [n] bool scored)` of one function's result for `n` completions (None: 0, not scored),
+    or RewardFunctionError naming `label` and the value: see the module's docstring for what is accepted."""
+    expected = f"expected a list of {n} numbers (or None), one per completion"
+    shown = _short(values)
+
+    def refuse(what: str):
+        raise RewardFunctionError(f"reward function {label!r} returned {what}")
+
+    if isinstance(values, (str, bytes, bytearray, memoryview)) or not (
+        isinstance(values, collections.abc.Sequence) or hasattr(values, "__array__")
+    ):
+        refuse(f"{_a(values)} ({shown}): {expected}")
+    if not isinstance(values, collections.abc.Sequence):  # an array: numpy, JAX, torch
+        try:
+            array = np.asarray(values)
+        except Exception as error:  # noqa: BLE001  an __array__ that fails
+            refuse(f"{_a(values)} numpy cannot read ({type(error).__name__}): {expected}")
+        if array.shape != (n,):
+            refuse(f"an array of shape {array.shape} ({shown}) for {n} completions: expected shape ({n},)")
+        if array.dtype.kind not in "biufO":
+            refuse(f"an array of dtype {array.dtype} ({shown}): {expected}")
+        values = array.tolist() if array.dtype.kind != "O" else list(array)  # Python numbers (numpy's for "O")
+    if len(values) != n:
+        refuse(f"{len(values)} values for {n} completions ({shown})")
+    floats = np.zeros(n, np.float64)
+    scored = np.zeros(n, bool)
+    for i, value in enumerate(values):
+        try:
+            number = _entry(value)
+        except TypeError:
+            refuse(f"{shown}, whose entry {i} is {_a(value)} ({_short(value)}): {expected}")
+        except OverflowError:
+            number = math.inf
+        if number is None:
+            continue
+        if not (math.isfinite(number) and abs(number) <= _FLOAT32_MAX):
+            refuse(
+                f"{shown}, whose entry {i} ({_short(value)}) is non-finite in float32, the trainer's dtype: "
+                "expected finite numbers"
+            )
+        floats[i], scored[i] = number, True
+    return floats, scored
+
+
+class _InThread:
+    """A Python callable, called in a daemon thread that the caller waits for until a deadline."""
+
+    def __init__(self, function: Callable, label: str):
+        self.function, self.label = function, label
+        self._abandoned = None  # the thread of a call that ran past its deadline
+
+    def __call__(self, kwargs: dict, timeout_s: float):
+        if self._abandoned is not None and self._abandoned.is_alive():
+            raise RewardFunctionError(
+                f"reward function {self.label!r}: a call that ran past its time limit is still running (a thread "
+                "cannot be stopped); name the function in reward.functions to run it in a process that can be killed"
+            )
+        outcome: Dict[str, Any] = {}
+
+        def run():
+            try:
+                outcome["result"] = self.function(**kwargs)
+            except BaseException as error:  # noqa: BLE001  handed to the caller
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name=f"reward-function-{self.label}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self._abandoned = thread
+            raise RewardFunctionError(
+                f"reward function {self.label!r} did not return within {timeout_s:g} s (reward.function_timeout_s); "
+                "called in a thread, it cannot be stopped and keeps running"
+            )
+        if "error" in outcome:
+            error = outcome["error"]
+            raise RewardFunctionError(
+                f"reward function {self.label!r} raised {type(error).__name__}: {str(error)[:300]}"
+            ) from error
+        return outcome["result"]
+
+    def close(self) -> None:
+        pass
+
+
+class _InProcess:
+    """A function named by its spec, in its own killable process (`function_process.FunctionProcess`)."""
+
+    def __init__(self, spec: str):
+        self.label = spec
+        self.process = FunctionProcess(spec)
+
+    def wait_ready(self) -> None:
+        self._run(lambda: self.process.wait_ready(LOAD_TIMEOUT_S), "")
+
+    def __call__(self, kwargs: dict, timeout_s: float):
+        return self._run(lambda: self.process.call(kwargs, timeout_s, LOAD_TIMEOUT_S), " (reward.function_timeout_s)")
+
+    def _run(self, step, setting: str):
+        try:
+            return step()
+        except FunctionProcessError as error:
+            if error.kind == "timeout":
+                message = f"{error}{setting}; its process and the processes it started were killed"
+            elif error.kind == "unpicklable":
+                message = f"{error}: expected a list of numbers (or None), one per completion"
+            else:
+                message = str(error)
+            raise RewardFunctionError(message) from None
+
+    def close(self) -> None:
+        self.process.close()
+
+
+def _close_all(callers) -> None:
+    for caller in callers:
+        try:
+            caller.close()
+        except Exception:  # noqa: BLE001  closing at exit: the processes die with this one anyway
+            pass
+
+
 class RewardFunctions:
     """The weighted sum of reward functions: `(prompts, completions, problems) -> (scores [N], metrics)`, with each
-    function's mean in the metrics (`rollout/function/<name>`)."""
+    function's mean in the metrics (`rollout/function/<name>`). Each call's result is checked and each call is
+    bounded by `timeout_s` (the module's docstring says how); `close()` ends the functions' processes."""
 
-    def __init__(self, functions: Sequence[Callable], weights: Sequence[float], names: Sequence[str] = ()):
+    def __init__(
+        self,
+        functions: Sequence[Callable],
+        weights: Sequence[float],
+        names: Sequence[str] = (),
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         if not functions:
             raise RewardFunctionError("no reward functions")
         if len(weights) != len(functions):
             raise RewardFunctionError(f"{len(weights)} weights for {len(functions)} reward functions")
-        self.functions = list(functions)
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise RewardFunctionError(f"reward function timeout {timeout_s!r}: expected a finite number of seconds > 0")
+        self.timeout_s = float(timeout_s)
         self.weights = tuple(float(w) for w in weights)
         names = list(names) or [getattr(f, "__name__", f"function_{i}") for i, f in enumerate(functions)]
         # Unique names for the metrics: a.py:score and b.py:score log as score and score_2.
         self.names = [n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}" for i, n in enumerate(names)]
+        self.callers = [
+            f if isinstance(f, _InProcess) else _InThread(f, getattr(f, "__qualname__", name))
+            for f, name in zip(functions, self.names)
+        ]
+        self._finalizer = weakref.finalize(self, _close_all, list(self.callers))
 
     @classmethod
-    def from_config(cls, specs: str, weights: str) -> "RewardFunctions":
+    def from_config(cls, specs: str, weights: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> "RewardFunctions":
+        """The functions `reward.functions` names, each loaded in its own process (all started at once, then
+        waited for: a function that does not load raises RewardFunctionError, its processes ended)."""
         names = [s.strip() for s in str(specs).split(",") if s.strip()]
-        functions = [load_reward_function(s) for s in names]
-        return cls(functions, parse_weights(weights, len(functions)), [s.rpartition(":")[2] for s in names])
+        parsed = parse_weights(weights, len(names))
+        for spec in names:  # the spec's form, checked here: no process for a malformed one
+            split_spec(spec)
+        callers = []
+        try:
+            for spec in names:
+                callers.append(_InProcess(spec))
+            for caller in callers:
+                caller.wait_ready()
+        except BaseException:
+            _close_all(callers)
+            raise
+        return cls(callers, parsed, [s.rpartition(":")[2] for s in names], timeout_s)
 
     def __call__(self, prompts: List[str], completions: List[str], problems: Sequence[Any]):
         columns = {field: [getattr(p, field) for p in problems] for field in PROBLEM_COLUMNS}
         total = np.zeros(len(completions), np.float64)
         metrics: Dict[str, float] = {}
-        for function, weight, name in zip(self.functions, self.weights, self.names):
-            values = function(prompts=list(prompts), completions=list(completions), **columns)
-            try:
-                scored = np.array([v is not None for v in values], bool)
-                values = np.asarray([0.0 if v is None else v for v in values], np.float64).reshape(-1)
-            except (TypeError, ValueError):
-                raise RewardFunctionError(
-                    f"reward function {name!r} returned {type(values).__name__}, not a list of numbers"
-                ) from None
-            if values.shape != (len(completions),):
-                raise RewardFunctionError(
-                    f"reward function {name!r} returned {values.size} values for {len(completions)} completions"
-                )
-            if not np.all(np.isfinite(values)):
-                raise RewardFunctionError(f"reward function {name!r} returned a non-finite value")
+        for caller, weight, name in zip(self.callers, self.weights, self.names):
+            kwargs = dict(prompts=list(prompts), completions=list(completions), **columns)
+            values, scored = check_result(caller.label, caller(kwargs, self.timeout_s), len(completions))
             total += weight * values
             if scored.any():
                 metrics[f"rollout/function/{name}"] = float(values[scored].mean())
-        return total.astype(np.float32), metrics
+        with np.errstate(over="ignore"):
+            scores = total.astype(np.float32)
+        if not np.all(np.isfinite(scores)):
+            i = int(np.flatnonzero(~np.isfinite(scores))[0])
+            raise RewardFunctionError(
+                f"reward functions {', '.join(map(repr, self.names))}: their weighted sum (weights {self.weights}) "
+                f"for completion {i} is {total[i]:g}, non-finite in float32, the trainer's dtype"
+            )
+        return scores, metrics
+
+    def close(self) -> None:
+        """Ends the processes of the functions named in the config (idempotent; also at garbage collection)."""
+        self._finalizer()
+
+    def __enter__(self) -> "RewardFunctions":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -62,9 +62,10 @@ def _reward_functions(config, given):
     if "functions" not in config.reward_source:
         return None
     try:
+        timeout_s = config.reward.function_timeout_s
         if given:
-            return RewardFunctions(list(given), parse_weights(config.reward.weights, len(given)))
-        return RewardFunctions.from_config(config.reward.functions, config.reward.weights)
+            return RewardFunctions(list(given), parse_weights(config.reward.weights, len(given)), timeout_s=timeout_s)
+        return RewardFunctions.from_config(config.reward.functions, config.reward.weights, timeout_s)
     except RewardFunctionError as error:
         fail(str(error))
 

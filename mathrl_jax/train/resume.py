@@ -34,6 +34,7 @@ RESUME_MAY_CHANGE = (
     "heartbeat_timeout_s",
     "join_timeout_s",
     "reward.num_workers",
+    "reward.function_timeout_s",
     "mesh.",
     "sampler_mesh.",
     "sampler",

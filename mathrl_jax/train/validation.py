@@ -86,6 +86,7 @@ RANGES = (
     ("warmstart.lr", 0.0, math.inf, False),
     ("reward.num_workers", 1, math.inf, True),
     ("reward.timeout_s", 0.0, math.inf, False),
+    ("reward.function_timeout_s", 0.0, math.inf, False),
     ("arithmetic.num_train", 1, math.inf, True),
     ("arithmetic.num_eval", 0, math.inf, True),
     ("dapo.overlong_buffer_len", 0, math.inf, True),

@@ -177,6 +177,10 @@ CASES = {
         "unknown: qkv_proj",
     ),
     "no grading time": (lambda t: ["--config.reward.timeout_s=0"], "reward.timeout_s=0"),
+    "no time for reward functions": (
+        lambda t: ["--config.reward.function_timeout_s=0"],
+        "reward.function_timeout_s=0",
+    ),
     "no arithmetic problems": (lambda t: ["--config.arithmetic.num_train=0"], "arithmetic.num_train=0"),
     "unknown arithmetic level": (lambda t: ["--config.arithmetic.levels=(9,)"], "arithmetic.levels=(9,)"),
     "negative eval count": (lambda t: ["--config.num_eval_problems=-1"], "num_eval_problems=-1"),
@@ -387,6 +391,47 @@ def test_the_readmes_reward_functions_command_trains(tmp_path):
     assert len(trained) == 2 and all(r["rollout/accuracy"] is not None for r in trained)
     assert all(0.0 <= r["rollout/function/boxed_once"] <= 1.0 and 0.0 < r["rollout/function/brevity"] for r in trained)
     assert not [(r["step"], k) for r in records for k, v in r.items() if v is None]
+
+
+MISBEHAVING_REWARDS = """
+def huge(prompts, completions, **columns):
+    return [1e39] * len(completions)  # finite in float64, inf in float32
+
+
+def as_dict(prompts, completions, **columns):
+    return {i: 1.0 for i in range(len(completions))}
+
+
+def hangs(prompts, completions, **columns):
+    while True:
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    "function, flags, named",
+    [
+        ("huge", [], "returned [1e+39, 1e+39, 1e+39, 1e+39, 1e+39, 1e+39, ...], whose entry 0 (1e+39) is non-finite"),
+        ("as_dict", [], "returned a dict ({0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, ...})"),
+        ("hangs", ["--config.reward.function_timeout_s=2"], "did not return within 2 s (reward.function_timeout_s)"),
+    ],
+)
+def test_a_reward_function_with_a_bad_result_or_a_hang_stops_the_run_naming_it(tmp_path, function, flags, named):
+    """A result that is not one float32-finite number per completion, or a call past reward.function_timeout_s:
+    exit 2 at the first iteration, one line naming the function and the value, no final model exported (issue 45:
+    1e39 skipped every update and exported the initial model, a dict trained on its keys, a hang never ended)."""
+    module = tmp_path / "misbehaving.py"
+    module.write_text(MISBEHAVING_REWARDS)
+    spec = f"{module}:{function}"
+    short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.num_iterations=2"]
+    done = run_train(
+        tmp_path / "run", "--config.reward_source=functions", f"--config.reward.functions={spec}", *short, *flags
+    )
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-3000:])
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"train.py: error: iteration 1: reward function {spec!r} "), done.stderr[-3000:]
+    assert named in message, message
+    assert "Traceback" not in done.stderr and not (tmp_path / "run" / "final_model").exists()
 
 
 def fill_hub_cache(cache, repo_id, revision="0123456789abcdef0123456789abcdef01234567"):
