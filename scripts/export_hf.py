@@ -62,7 +62,7 @@ from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
 from mathrl_jax.train.checkpoint import Checkpointer
 from mathrl_jax.train.checkpoint_directory import STATE_ITEM
-from mathrl_jax.train.checkpoint_errors import CheckpointError
+from mathrl_jax.train.checkpoint_errors import CheckpointError, UnverifiedCheckpointError
 from mathrl_jax.train.checkpoint_tree import TargetMismatchError
 from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
 from mathrl_jax.train.validation import TrainingError
@@ -239,6 +239,9 @@ def read_policy_params(checkpointer: Checkpointer, step: int, config: QwenConfig
             f"checkpoint {step_dir!r} does not match the {config.architecture} of its base model "
             f"({'; '.join(e.differences)}); pass --like with the model the run trained"
         ) from None
+    except UnverifiedCheckpointError as e:  # saved before checksums were kept: only when the user says so
+        e.setting = "--allow-unverified"
+        raise InputError(str(e)) from None
     except CheckpointError as e:  # unreadable or damaged: the message names the step
         raise InputError(str(e)) from None
     return restored[PARAMS_KEY]
@@ -252,13 +255,17 @@ def export_run(
     like: Optional[str] = None,
     dtype: Optional[str] = None,
     force: bool = False,
+    allow_unverified: bool = False,
 ) -> Tuple[str, int]:
     """Run mode: writes the policy of checkpoint `step` (default: the latest) of the run at `path` to `out`.
+    `allow_unverified` reads a step saved before checksums were kept (nothing can verify it).
 
     Returns (the step directory read, the step).
     """
     run_dir, checkpoints_dir, step = locate(path, step)
-    with Checkpointer(checkpoints_dir, save_interval=0, read_only=True) as checkpointer:
+    with Checkpointer(
+        checkpoints_dir, save_interval=0, read_only=True, allow_unverified=allow_unverified
+    ) as checkpointer:
         step = choose_step(checkpointer, step)
         step_dir = os.path.join(checkpoints_dir, str(step))
         run_config = read_run_config(run_dir)
@@ -381,6 +388,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--force", action="store_true", help="replace an existing --out that holds a previous export (and nothing else)"
     )
+    parser.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="read a checkpoint step saved before checksums were kept (nothing can verify its data)",
+    )
     args = parser.parse_args(argv)
     if (args.run is None) == (args.params is None):
         parser.error("give either a run dir / checkpoint step (positional) or --params with --like, not both")
@@ -397,7 +409,15 @@ def main(argv=None) -> int:
         print(f"wrote {args.out}")
         return 0
     try:
-        step_dir, _ = export_run(args.run, args.out, step=args.step, like=args.like, dtype=args.dtype, force=args.force)
+        step_dir, _ = export_run(
+            args.run,
+            args.out,
+            step=args.step,
+            like=args.like,
+            dtype=args.dtype,
+            force=args.force,
+            allow_unverified=args.allow_unverified,
+        )
     except (InputError, ConfigError, hf.ModelCheckpointError) as e:
         print(f"export_hf: error: {e}", file=sys.stderr)
         return 2

@@ -256,3 +256,21 @@ def test_force_replaces_a_previous_export_and_refuses_a_directory_holding_anythi
     assert str(other) in err and "not a previous export" in err and (other / "config.json").read_text() == "{}", err
     (tmp_path / "empty").mkdir()
     assert script.main(["--params", params, "--like", like, "--out", str(tmp_path / "empty"), "--force"]) == 0
+
+
+def test_a_step_saved_before_checksums_is_exported_only_when_allowed(trained, tmp_path, capsys):
+    """A step whose metadata lists no checksums (a version before they were kept) cannot be verified: exit 2,
+    one line naming the step and `--allow-unverified`; with it, the export is written."""
+    from tests.train.test_checkpoint_integrity import remove_checksums
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained["run_dir"], run_dir)
+    for step in (1, 2):  # a run saved by that version: no step has them
+        remove_checksums(str(run_dir / "checkpoints"), step, from_metadata=True)
+    script = load_script()
+    assert script.main([str(run_dir), "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-unverified" in err and "checkpoints/2" in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "refused")
+    assert script.main([str(run_dir), "--out", str(tmp_path / "out"), "--allow-unverified"]) == 0
+    assert (tmp_path / "out" / "config.json").exists()
