@@ -1,7 +1,8 @@
 """Learning curves over seeds: the RL run and its control (shuffled rewards), as a PNG and a markdown table.
 
     python scripts/learning_curves.py [--seeds 0 1 2] [--out runs/curves] [--config PATH] [--no-control]
-                                      [--algorithms all | NAME ...] [--xla-flags "..."] [-- --config.key=value ...]
+                                      [--algorithms all | NAME ...] [--eval-interval N] [--xla-flags "..."]
+                                      [-- --config.key=value ...]
 
 For each seed k it runs `scripts/train.py` (the offline default, or `--config`) into `<out>/seed<k>`, then the
 control into `<out>/control<k>`: the same command with `--config.shuffle_rewards=True` (the verifier's rewards
@@ -12,11 +13,23 @@ YNNPACK's, `--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_use_xnnpack=false`
 survives another rounding (with jaxlib 0.10, `--xla_cpu_use_onednn=true` changes no bit). The runs share a
 JAX compilation cache (`<out>/jax_cache`, unless JAX_COMPILATION_CACHE_DIR is set), so a control does not
 compile again what its seed run compiled. A run already finished by the same command is read, not run again
-(`<out>/runs.json`).
+(`<out>/runs.json`); before each run a line says where the sweep is (`[3/26] grpo/seed1: 12.0 min so far, about
+70 min left`), and while a run trains, its iterations. `--eval-interval N` evaluates every N RL iterations
+(`--config.eval_interval=N` in every run): the default config evaluates every 10 of its 40 iterations, 5 points,
+the fewest a fit of 4 parameters takes; `--eval-interval 2` gives 21.
 
 Writes `<out>/curves.png` (greedy held-out accuracy against the RL iteration: a solid line per seed, a dashed
-one per control) and `<out>/curves.md` (printed too): one row per seed, then the mean and min..max of the
-gains over the seeds.
+one per control), `<out>/mean_curves.png` (the mean curve of the seeds and of the controls, each with a band: the
+95% bootstrap interval of the mean at each evaluation) and `<out>/curves.md` (printed too): one row per seed,
+then the mean and min..max of the gains over the seeds; then the statistics below.
+
+Statistics (`mathrl_jax.stats`), in the markdown and in `<out>/statistics.json`: per run, ScaleRL's sigmoid
+R_0 + (A - R_0) / (1 + (C_mid / C)^B) fitted to its greedy held-out curve against the RL iteration C (asymptote
+A, efficiency B and C_mid, RMSE, or the reason there is no fit: too few evaluations, a flat curve, a rise over
+before the first evaluation), pass@1 and pass@k at its first and last evaluation, its token entropy
+(train/entropy_loss) and response length (sampled during RL / greedy on held-out problems) at the end; over
+seeds, mean and 95% percentile bootstrap interval of the final greedy accuracy, the RL gain, the RL gain minus
+its control's (paired by seed), and the fitted A, B and C_mid.
 
 With `--algorithms NAME ...` (or `all`) it makes one table for several algorithms instead: each row is an
 algorithm at the settings of `ALGORITHM_ROWS` (the offline default plus its own flags; `async_ppo` twice, with
@@ -25,7 +38,9 @@ success rate of held-out games), run over the seeds with their controls into `<o
 `<out>/<row>/control<k>`. Every arithmetic row of a seed starts from the same warm-start (trained by the first,
 copied by the others, as a control copies its seed's). It writes `<out>/algorithms.md` (one line per row: the RL
 gain and the control's, mean and min..max over the seeds, their difference, the wall time of an RL phase) and
-`<out>/algorithms.png` (one panel per row, seeds solid, controls dashed).
+`<out>/algorithms.png` (one panel per row, seeds solid, controls dashed), the statistics above for every row,
+and a figure per task, `<out>/mean_curves_<task>.png` (`default`, the arithmetic rows; `guess_number_tiny`, the
+game): each row's mean curve over the seeds with its 95% bootstrap band.
 
 Reading it: "RL gain" is the greedy held-out accuracy at the last RL iteration minus that at iteration 0 (the
 warm-started policy). The control gets the same updates with rewards that carry no information, so its gain is
@@ -47,7 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional, Tuple
 
-from mathrl_jax import files
+from mathrl_jax import files, stats
 from mathrl_jax.train.metrics import read_jsonl_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +171,10 @@ def read_run(run_dir: str) -> dict[str, Any]:
     Keys: `curve` [(iteration, greedy held-out accuracy)]; `rl_start`, `rl_end`, `rl_gain` (greedy, first and
     last evaluation); `sampled_start`, `sampled_end` (eval/pass@1: accuracy of one sample at the RL
     temperature); `pass_k` and `pass_at_k_start`, `pass_at_k_end` (k = the config's eval_n_samples);
-    `turns_start`, `turns_end` (a multi-turn run's turns per held-out game); `warmstart_before`,
+    `turns_start`, `turns_end` (a multi-turn run's turns per held-out game); `fit` (`stats.fit_saturating_curve`
+    of the curve, C = the RL iteration; None without a curve); `entropy_end` (train/entropy_loss),
+    `response_length_end` (rollout/response_length, sampled) at the last iteration that logged them,
+    `eval_response_length_end` (eval/response_length, greedy) at the last evaluation; `warmstart_before`,
     `warmstart_after`, `warmstart_seconds`; `num_eval_problems`, `temperature`,
     `shuffle_rewards`, `final_iteration`, `finished` (the last iteration was evaluated). A value the run did not
     log is None.
@@ -176,6 +194,10 @@ def read_run(run_dir: str) -> dict[str, Any]:
     last = by_step[evaluated[-1]] if evaluated else {}
     warm = next((r for s, r in sorted(by_step.items()) if "warmstart/eval_accuracy_after" in r), {})
     final = final_iteration(config)
+
+    def last_logged(name: str) -> float | None:
+        return next((by_step[s][name] for s in sorted(by_step, reverse=True) if name in by_step[s]), None)
+
     return {
         "run_dir": run_dir,
         "curve": curve,
@@ -189,6 +211,10 @@ def read_run(run_dir: str) -> dict[str, Any]:
         "pass_at_k_end": last.get(f"eval/pass@{k}"),
         "turns_start": first.get("eval/episode_turns"),  # multi-turn runs: turns per held-out game
         "turns_end": last.get("eval/episode_turns"),
+        "fit": stats.fit_saturating_curve(*zip(*curve)) if curve else None,
+        "entropy_end": last_logged("train/entropy_loss"),
+        "response_length_end": last_logged("rollout/response_length"),
+        "eval_response_length_end": last.get("eval/response_length"),
         "warmstart_before": warm.get("warmstart/eval_accuracy_before"),
         "warmstart_after": warm.get("warmstart/eval_accuracy_after"),
         "warmstart_seconds": warm.get("warmstart/seconds"),
@@ -288,6 +314,172 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fit_cells(fit: Optional[stats.SigmoidFit]) -> list[str]:
+    """R_0, A, B, C_mid, RMSE and "ok" or the failure's reason, of a run's fitted sigmoid."""
+    if fit is None:
+        return ["-"] * 5 + ["no curve"]
+    if not fit.ok:
+        return ["-"] * 5 + [fit.reason.replace("|", "\\|")]
+    return [_acc(fit.start), _acc(fit.asymptote), f"{fit.exponent:.2f}", f"{fit.midpoint:.1f}", f"{fit.rmse:.3f}", "ok"]
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def runs_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """One line per run (`runs`: (label, read_run(...))): its evaluations, ScaleRL's sigmoid fitted to its greedy
+    curve (R_0, A, B, C_mid, RMSE, or why not), pass@1 and pass@k at its first and last evaluation, and at its end
+    the policy's token entropy and the response length (sampled during RL / greedy on the held-out problems)."""
+    ks = {run["pass_k"] for _, run in runs if run["pass_k"] is not None}
+    pass_name = f"pass@{ks.pop()}" if len(ks) == 1 else "pass@k"
+    header = [
+        "run",
+        "evaluations",
+        "fit R_0",
+        "fit A (asymptote)",
+        "fit B",
+        "fit C_mid (iteration)",
+        "fit RMSE",
+        "fit",
+        "pass@1 start -> end",
+        f"{pass_name} start -> end",
+        "entropy (end)",
+        "response length, sampled / greedy (end)",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for label, run in runs:
+        lengths = (run["response_length_end"], run["eval_response_length_end"])
+        cells = [
+            label,
+            str(len(run["curve"])),
+            *_fit_cells(run["fit"]),
+            _start_end(run["sampled_start"], run["sampled_end"]),
+            _start_end(run["pass_at_k_start"], run["pass_at_k_end"]),
+            _number(run["entropy_end"]),
+            "-" if lengths == (None, None) else " / ".join(_number(x, 1) for x in lengths),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _paired_gaps(seeds: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The RL gains and their controls' gains of the seeds that have both, in seed order (pairs by seed)."""
+    pairs = [
+        (r["run"]["rl_gain"], r["control"]["rl_gain"])
+        for r in seeds
+        if r.get("control") and r["control"]["rl_gain"] is not None and r["run"]["rl_gain"] is not None
+    ]
+    return [g for g, _ in pairs], [c for _, c in pairs]
+
+
+def interval_cell(interval: Optional[stats.Interval], values: Sequence[float], fmt: str) -> str:
+    """`estimate [low, high]` of an interval; with one value the value alone; with none "-"."""
+    if interval is not None:
+        return f"{interval.estimate:{fmt}} [{interval.low:{fmt}}, {interval.high:{fmt}}]"
+    return f"{values[0]:{fmt}}" if values else "-"
+
+
+def seed_statistics(seeds: Sequence[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """Mean and 95% percentile bootstrap interval over the seeds (`stats.bootstrap_*`, resampling seeded by
+    `seed`): {name: (Interval or None below 2 values, the values)} for the final greedy accuracy, the RL gain, the
+    RL gain minus its control's (paired by seed), and the fitted A, B and C_mid (runs whose fit is ok)."""
+
+    def mean_of(values: list[float]) -> tuple[Optional[stats.Interval], list[float]]:
+        return (stats.bootstrap_mean_interval(values, seed=seed) if len(values) >= 2 else None), values
+
+    runs = [r["run"] for r in seeds]
+    fits = [run["fit"] for run in runs if run["fit"] is not None and run["fit"].ok]
+    gains, control_gains = _paired_gaps(seeds)
+    gaps = [g - c for g, c in zip(gains, control_gains)]
+    paired = (
+        stats.bootstrap_difference_interval(gains, control_gains, paired=True, seed=seed) if len(gaps) >= 2 else None
+    )
+    return {
+        "final accuracy": mean_of([run["rl_end"] for run in runs if run["rl_end"] is not None]),
+        "RL gain": mean_of([run["rl_gain"] for run in runs if run["rl_gain"] is not None]),
+        "RL - control gain": (paired, gaps),
+        "A": mean_of([fit.asymptote for fit in fits]),
+        "B": mean_of([fit.exponent for fit in fits]),
+        "C_mid": mean_of([fit.midpoint for fit in fits]),
+    }
+
+
+def summary_table(results: Sequence[tuple[str, Sequence[dict[str, Any]]]], seed: int = 0) -> str:
+    """One line per row (`results`: (name, its seeds' rows)): `seed_statistics` as "mean [95% interval]" (a
+    single value alone, none "-"), and how many of the seed runs' fits are ok."""
+    header = [
+        "row",
+        "seeds",
+        "final greedy acc",
+        "RL gain",
+        "RL - control gain (paired)",
+        "fits ok",
+        "asymptote A",
+        "B",
+        "C_mid (iteration)",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for name, seeds in results:
+        statistics = seed_statistics(seeds, seed)
+        fitted = [r["run"]["fit"] for r in seeds if r["run"]["fit"] is not None]
+        cells = [
+            name,
+            str(len(seeds)),
+            interval_cell(*statistics["final accuracy"], ".3f"),
+            interval_cell(*statistics["RL gain"], "+.3f"),
+            interval_cell(*statistics["RL - control gain"], "+.3f"),
+            f"{sum(fit.ok for fit in fitted)}/{len(seeds)}",
+            interval_cell(*statistics["A"], ".3f"),
+            interval_cell(*statistics["B"], ".2f"),
+            interval_cell(*statistics["C_mid"], ".1f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+STATISTICS_NOTE = (
+    "Over seeds: mean [95% percentile bootstrap interval] (10,000 resamples; with few seeds the interval is too "
+    'narrow, about 84% coverage at 5: mathrl_jax/stats/bootstrap.py); "RL - control gain" is paired by seed. The '
+    "fit is ScaleRL's R_0 + (A - R_0) / (1 + (C_mid / C)^B) (Khatri et al. 2025) to a run's greedy held-out "
+    "curve against the RL iteration C; A, B and C_mid are averaged over the runs whose fit is ok (a failed fit "
+    "says why in the per-run table: too few evaluations, a flat curve, a rise over before the first evaluation)."
+)
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with fits as dicts and NaN as None (plain JSON)."""
+    if isinstance(value, stats.SigmoidFit | stats.Interval):
+        return _json_safe(value._asdict())
+    if isinstance(value, dict):
+        return {key: _json_safe(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_statistics(path: str, results: Sequence[tuple[str, Sequence[dict[str, Any]]]], seed: int = 0) -> str:
+    """`<out>/statistics.json`: per row its `seed_statistics` ({name: {"interval", "values"}}) and its seeds' rows
+    (each run's `read_run` summary: curve, fit, pass@k, entropy, lengths); for tables of one's own."""
+    record = {
+        "rows": [
+            {
+                "name": name,
+                "statistics": {
+                    key: {"interval": interval, "values": values}
+                    for key, (interval, values) in seed_statistics(seeds, seed).items()
+                },
+                "seeds": list(seeds),
+            }
+            for name, seeds in results
+        ]
+    }
+    files.write_json(path, _json_safe(record), indent=1)
+    return path
+
+
 def plot_curves(rows: Sequence[dict[str, Any]], path: str) -> str:
     """Greedy held-out accuracy against the RL iteration: solid blues for the seeds, dashed oranges for the
     controls. Saves a PNG at `path` and returns it."""
@@ -323,6 +515,42 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str) -> str:
     if len(problems) == 1:
         title += f" ({problems.pop()} held-out problems)"
     ax.set_title(title)
+    ax.set_xlabel("RL iteration")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_ylabel("greedy held-out accuracy")
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_mean_curves(series: Sequence[tuple[str, Sequence[dict[str, Any]]]], path: str, title: str) -> str:
+    """The mean greedy held-out curve of each of `series` ((label, run summaries)) with a band: the 95% percentile
+    bootstrap interval of the mean over its runs at each evaluation (`stats.bootstrap_mean_interval`; none with
+    one run), over the evaluations every run has. Saves a PNG at `path` and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    colors = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    for i, (label, runs) in enumerate(series):
+        curves = [dict(run["curve"]) for run in runs if run and run["curve"]]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not steps:
+            continue
+        values = [[c[step] for c in curves] for step in steps]
+        mean = [sum(v) / len(v) for v in values]
+        ax.plot(steps, mean, color=colors(i), linewidth=1.6, marker="." if len(steps) < 50 else None, label=label)
+        if len(curves) >= 2:
+            intervals = [stats.bootstrap_mean_interval(v) for v in values]
+            ax.fill_between(steps, [x.low for x in intervals], [x.high for x in intervals], color=colors(i), alpha=0.2)
+    ax.set_title(f"{title}\nmean over seeds; band: 95% bootstrap interval of the mean", fontsize=10)
     ax.set_xlabel("RL iteration")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("greedy held-out accuracy")
@@ -382,6 +610,28 @@ def report_progress(name: str, process: subprocess.Popen, run_dir: str, start: f
             )
 
 
+class Plan:
+    """The sweep's progress over its runs: before each, a line with its rank, the time spent so far and, once a
+    run has trained here, an estimate of the time left (the mean of the runs trained so far, times those left)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.trained, self.start = total, 0, [], time.perf_counter()
+
+    def begin(self, name: str) -> None:
+        elapsed = time.perf_counter() - self.start
+        line = f"[{self.done + 1}/{self.total}] {name}: {elapsed / 60:.1f} min so far"
+        if self.trained:
+            left = sum(self.trained) / len(self.trained) * (self.total - self.done)
+            line += f", about {left / 60:.0f} min left"
+        print(line, flush=True)
+
+    def finish(self, seconds: Optional[float]) -> None:
+        """A run is done: `seconds` it trained here, None when it was reused."""
+        self.done += 1
+        if seconds is not None:
+            self.trained.append(seconds)
+
+
 def run_train(
     name: str,
     command: list[str],
@@ -391,17 +641,22 @@ def run_train(
     ledger: dict,
     prepare: Callable[[], None] | None = None,
     progress_every_s: float = 15.0,
+    plan: Optional[Plan] = None,
 ) -> float:
     """Runs one train.py (or reuses it when the same command already finished it); returns its wall seconds.
 
     A run directory left by another command (other overrides or XLA flags) is removed first: train.py would
     resume it and mix the two. One left unfinished by the same command is resumed. `prepare()` runs just
-    before train.py (the control copies its seed's models then)."""
+    before train.py (the control copies its seed's models then). `plan`: the sweep's progress, told of this run."""
+    if plan is not None:
+        plan.begin(name)
     entry = ledger.get(name)
     same = bool(entry) and entry["command"] == command and entry["xla_flags"] == env.get("XLA_FLAGS")
     finished = os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and read_run(run_dir)["finished"]
     if same and entry.get("seconds") is not None and finished:
         print(f"{name}: already finished by the same command, reusing {run_dir}", flush=True)
+        if plan is not None:
+            plan.finish(None)
         return entry["seconds"]
     if not same and os.path.exists(run_dir):
         print(f"{name}: {run_dir} was made by another command; starting it over", flush=True)
@@ -426,6 +681,8 @@ def run_train(
         fail(f"the {name} run ({run_dir}) failed with exit status {status} (its stderr: {stderr_path})")
     ledger[name] = {"command": command, "xla_flags": env.get("XLA_FLAGS"), "seconds": seconds}
     save_ledger(os.path.join(out, "runs.json"), ledger)
+    if plan is not None:
+        plan.finish(seconds)
     return seconds
 
 
@@ -468,6 +725,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--margin", type=float, default=0.15, help="the RL-minus-control gain a row should clear (default: 0.15)"
     )
+    parser.add_argument(
+        "--eval-interval",
+        type=int,
+        metavar="N",
+        help="evaluate every N RL iterations (--config.eval_interval=N for every run): points enough to fit a curve",
+    )
     args = parser.parse_args(own)
     if args.algorithms:
         if args.config:
@@ -484,6 +747,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         key = flag.split("=", 1)[0].removeprefix("--config.")
         if key in OWN_KEYS:
             parser.error(f"{flag}: this script sets --config.{key} for each run")
+        if key == "eval_interval" and args.eval_interval is not None:
+            parser.error(f"{flag} and --eval-interval: give one")
+    if args.eval_interval is not None:
+        if args.eval_interval < 1:
+            parser.error(f"--eval-interval {args.eval_interval}: expected >= 1")
+        overrides = [f"--config.eval_interval={args.eval_interval}", *overrides]
     return args, overrides
 
 
@@ -499,6 +768,7 @@ def seed_and_control(
     ledger: dict,
     progress_every_s: float,
     start_from: Optional[str] = None,
+    plan: Optional[Plan] = None,
 ) -> dict[str, Any]:
     """Runs seed `seed` into `<directory>/seed<k>` and, with `control`, its control into `<directory>/control<k>`
     (starting from the seed's models). `start_from`: a run directory whose models the seed run starts from (a
@@ -507,7 +777,15 @@ def seed_and_control(
     command = [*base, f"--config.run_dir={seed_dir}", f"--config.seed={seed}"]
     prepare = None if start_from is None else (lambda: copy_start_models(start_from, seed_dir))
     seconds = run_train(
-        f"{prefix}seed{seed}", command, seed_dir, env, out, ledger, prepare=prepare, progress_every_s=progress_every_s
+        f"{prefix}seed{seed}",
+        command,
+        seed_dir,
+        env,
+        out,
+        ledger,
+        prepare=prepare,
+        progress_every_s=progress_every_s,
+        plan=plan,
     )
     row = {"seed": seed, "run": dict(read_run(seed_dir), wall_seconds=seconds), "control": None}
     if control:
@@ -522,6 +800,7 @@ def seed_and_control(
             ledger,
             prepare=lambda: copy_start_models(seed_dir, control_dir),
             progress_every_s=progress_every_s,
+            plan=plan,
         )
         row["control"] = dict(read_run(control_dir), wall_seconds=seconds)
     return row
@@ -637,8 +916,27 @@ def expand_algorithms(names: Sequence[str]) -> list[AlgorithmRow]:
     return [row for row in ROWS if row.name in wanted]
 
 
+def statistics_text(results: Sequence[tuple[str, Sequence[dict[str, Any]]]], prefix: bool) -> str:
+    """The per-run table (every seed run and control; labels `<row>/seed<k>` with `prefix`) and the summary over
+    seeds (`summary_table`), with their note, as markdown."""
+    runs = [
+        (f"{name}/" * prefix + f"{kind}{r['seed']}", r[key])
+        for name, seeds in results
+        for r in seeds
+        for kind, key in (("seed", "run"), ("control", "control"))
+        if r.get(key)
+    ]
+    return f"Per run:\n\n{runs_table(runs)}\nOver seeds:\n\n{summary_table(results)}\n{STATISTICS_NOTE}\n"
+
+
+def task_name(row: AlgorithmRow) -> str:
+    """The task an algorithm row trains on: its config file's name, or "default" (the offline default)."""
+    return os.path.splitext(os.path.basename(row.config))[0] if row.config else "default"
+
+
 def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, ledger: dict) -> int:
     rows = expand_algorithms(args.algorithms)
+    plan = Plan(len(rows) * len(args.seeds) * (1 if args.no_control else 2))
     results = []
     warmstarts: dict[int, str] = {}  # seed -> the run directory that trained the arithmetic warm-start
     for row in rows:
@@ -661,20 +959,28 @@ def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, le
                     ledger=ledger,
                     progress_every_s=args.progress_every_s,
                     start_from=start_from,
+                    plan=plan,
                 )
             )
             if row.shares_warmstart:
                 warmstarts.setdefault(seed, os.path.join(out, row.name, f"seed{seed}"))
         results.append((row, seeds))
-    png = plot_algorithms(results, os.path.join(out, "algorithms.png"))
+    pngs = [plot_algorithms(results, os.path.join(out, "algorithms.png"))]
+    for task in dict.fromkeys(task_name(row) for row, _ in results):  # a figure per task, its rows' mean curves
+        series = [(row.name, [r["run"] for r in seeds]) for row, seeds in results if task_name(row) == task]
+        title = f"{task}: greedy held-out accuracy" + (" (success rate)" if task != "default" else "")
+        pngs.append(plot_mean_curves(series, os.path.join(out, f"mean_curves_{task}.png"), title))
     table = algorithms_table(results, args.margin)
+    named = [(row.name, seeds) for row, seeds in results]
     text = (
         f"{table}\nGains are greedy held-out accuracy (the game: greedy success rate) at the last RL iteration minus "
         "that at iteration 0; the control is the same run with uninformative rewards (shuffled within the batch).\n"
+        f"\n{statistics_text(named, prefix=True)}"
     )
     with open(os.path.join(out, "algorithms.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"\n{text}\nwrote {png} and {os.path.join(out, 'algorithms.md')}")
+    written = write_statistics(os.path.join(out, "statistics.json"), named)
+    print(f"\n{text}\nwrote {', '.join(pngs)}, {os.path.join(out, 'algorithms.md')} and {written}")
     return 0
 
 
@@ -693,6 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         base.append(f"--config={os.path.abspath(args.config)}")
     base += ["--config.progress=False", *overrides]
+    plan = Plan(len(args.seeds) * (1 if args.no_control else 2))
     rows = [
         seed_and_control(
             "",
@@ -704,6 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out=out,
             ledger=ledger,
             progress_every_s=args.progress_every_s,
+            plan=plan,
         )
         for seed in args.seeds
     ]
@@ -718,10 +1026,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if gaps:
         note += f"; RL gain minus control gain, mean over seeds: {_gain(_mean(gaps))}"
-    text = f"{table}\n{note}.\n"
+    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else "default"
+    results = [(name, rows)]
+    text = f"{table}\n{note}.\n\n{statistics_text(results, prefix=False)}"
     with open(os.path.join(out, "curves.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"\n{text}\nwrote {png} and {os.path.join(out, 'curves.md')}")
+    series = [("RL", [row["run"] for row in rows])]
+    if not args.no_control:
+        series.append(("control (shuffled rewards)", [row["control"] for row in rows]))
+    mean_png = plot_mean_curves(series, os.path.join(out, "mean_curves.png"), f"{name}: greedy held-out accuracy")
+    written = write_statistics(os.path.join(out, "statistics.json"), results)
+    print(f"\n{text}\nwrote {png}, {mean_png}, {os.path.join(out, 'curves.md')} and {written}")
     return 0
 
 

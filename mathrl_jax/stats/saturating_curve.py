@@ -185,7 +185,7 @@ def fit_saturating_curve(compute, accuracy, *, start: Optional[float] = None, mi
 
     fit = SigmoidFit(True, "", float(r0), float(a), math.exp(log_m), math.exp(log_b), math.sqrt(float(sse) / n), n)
     if abs(fit.gain) < min_gain:
-        return fit._replace(ok=False, reason=f"flat: |A - R_0| = {abs(fit.gain):.3f} < {min_gain:g}")
+        return fit._replace(ok=False, reason=f"flat: A - R_0 = {fit.gain:+.3f}, within +-{min_gain:g}")
     if fit.midpoint < positive[0] * math.exp(-_EDGE):
         return fit._replace(ok=False, reason=f"rise done before the first evaluation after 0 (C_mid < {positive[0]:g})")
     if fit.midpoint > c[-1] * math.exp(_EDGE):

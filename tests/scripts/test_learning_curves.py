@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,10 +88,16 @@ def test_a_seed_and_its_control_end_to_end(tmp_path):
     check_png(out / "curves.png")
     markdown = (out / "curves.md").read_text()
     assert markdown.split("\n\n")[0] in result.stdout  # the table is printed too
+    assert "[1/2] seed0: " in result.stdout and "[2/2] control0: " in result.stdout  # the sweep's progress
+    check_png(out / "mean_curves.png")
+    # 3 evaluations (0, 1, 2): too few to fit a sigmoid, said in the per-run table
+    assert table_row(markdown, "seed0")[7].startswith("too few points") and "Over seeds:" in markdown
 
     seed_dir, control_dir = out / "seed0", out / "control0"
     seed, control = merged_steps(seed_dir), merged_steps(control_dir)
     assert max(seed) == max(control) == 2
+    statistics = json.loads((out / "statistics.json").read_text())  # the same statistics, as JSON
+    assert statistics["rows"][0]["seeds"][0]["run"]["curve"] == [[s, seed[s]["eval/accuracy"]] for s in (0, 1, 2)]
     start, end = seed[0]["eval/accuracy"], seed[2]["eval/accuracy"]
     control_start, control_end = control[0]["eval/accuracy"], control[2]["eval/accuracy"]
     cells = table_row(markdown, "0")
@@ -339,3 +346,94 @@ def test_the_algorithms_share_each_seeds_warmstart_end_to_end(tmp_path):
         steps = merged_steps(run_dir)
         gain = steps[2]["eval/accuracy"] - steps[0]["eval/accuracy"]
         assert table_row(markdown, name)[4] == f"{gain:+.3f} ({gain:+.3f}..{gain:+.3f})"
+
+
+def sigmoid_records(steps, r0, a, c_mid, b, entropy=None, length=None):
+    """Eval records of ScaleRL's curve at `steps` (rounded to 3 decimals, as 1000 problems would give), and a
+    training line per step after 0 with entropy and sampled length; the last eval with pass@k and greedy length."""
+    records = []
+    for step in steps:
+        accuracy = r0 if step == 0 else r0 + (a - r0) / (1 + (c_mid / step) ** b)
+        if step:
+            records.append(
+                {"step": step, "time": 0.0, "rollout/rewards": 0.5, "train/entropy_loss": entropy + step / 1000,
+                 "rollout/response_length": length + step}
+            )  # fmt: skip
+        records.append(eval_record(step, round(accuracy, 3)))
+    records[-1].update({"eval/pass@1": 0.8, "eval/pass@4": 0.9, "eval/response_length": 17.5})
+    records[0].update({"eval/pass@1": 0.3, "eval/pass@4": 0.5})  # step 0's eval
+    return records
+
+
+def test_fits_pass_at_k_entropy_length_and_the_summary_over_seeds(tmp_path):
+    module = load_script()
+    steps = list(range(0, 21, 2))
+    truths = {0: (0.30, 0.80, 6.0, 1.5), 1: (0.32, 0.85, 5.0, 2.0), 2: (0.28, 0.78, 7.0, 1.2)}
+    rows = []
+    for seed, truth in truths.items():
+        records = sigmoid_records(steps, *truth, entropy=0.4 + seed / 10, length=20.0)
+        write_run(tmp_path / f"seed{seed}", records, num_iterations=20)
+        flat = [eval_record(step, 0.3 + 0.002 * (step % 4)) for step in steps]  # a control that does not learn
+        write_run(tmp_path / f"control{seed}", flat, num_iterations=20)
+        rows.append(
+            {
+                "seed": seed,
+                "run": module.read_run(str(tmp_path / f"seed{seed}")),
+                "control": module.read_run(str(tmp_path / f"control{seed}")),
+            }
+        )
+    run = rows[1]["run"]
+    assert run["fit"].ok and run["fit"].asymptote == pytest.approx(0.85, abs=0.01)
+    assert run["fit"].midpoint == pytest.approx(5.0, rel=0.05) and run["fit"].exponent == pytest.approx(2.0, rel=0.1)
+    assert run["entropy_end"] == pytest.approx(0.5 + 20 / 1000) and run["response_length_end"] == 40.0
+    assert run["eval_response_length_end"] == 17.5 and (run["pass_at_k_start"], run["pass_at_k_end"]) == (0.5, 0.9)
+    assert not rows[0]["control"]["fit"].ok and rows[0]["control"]["fit"].reason.startswith("flat")
+
+    text = module.statistics_text([("grpo", rows)], prefix=True)
+    cells = table_row(text, "grpo/seed1")
+    fit = run["fit"]
+    assert cells[1:8] == [
+        "11", f"{fit.start:.3f}", f"{fit.asymptote:.3f}", f"{fit.exponent:.2f}", f"{fit.midpoint:.1f}",
+        f"{fit.rmse:.3f}", "ok",
+    ]  # fmt: skip
+    assert cells[8:] == ["0.300 -> 0.800", "0.500 -> 0.900", "0.520", "40.0 / 17.5"]
+    assert table_row(text, "grpo/control0")[2:8] == ["-"] * 5 + [rows[0]["control"]["fit"].reason]
+
+    summary = table_row(text, "grpo")
+    ends = [r["run"]["rl_end"] for r in rows]
+    gains = [r["run"]["rl_gain"] for r in rows]
+    gaps = [r["run"]["rl_gain"] - r["control"]["rl_gain"] for r in rows]
+    asymptotes = [r["run"]["fit"].asymptote for r in rows]
+    assert summary[1] == "3" and summary[5] == "3/3"
+    for cell, values, digits in ((summary[2], ends, ".3f"), (summary[3], gains, "+.3f"), (summary[4], gaps, "+.3f")):
+        mean, low, high = (float(x) for x in cell.replace("[", "").replace("]", "").replace(",", "").split())
+        assert f"{mean:{digits}}" == f"{np.mean(values):{digits}}"
+        assert min(values) - 1e-3 <= low <= mean <= high <= max(values) + 1e-3  # a mean's interval: inside the range
+    assert summary[6].startswith(f"{np.mean(asymptotes):.3f} [")
+    one = table_row(module.summary_table([("one", rows[:1])]), "one")
+    assert one[2] == f"{ends[0]:.3f}" and one[4] == f"{gaps[0]:+.3f}"  # one seed: the value, no interval
+
+    check_png(module.plot_mean_curves([("grpo", [r["run"] for r in rows])], str(tmp_path / "mean.png"), "default"))
+    written = json.loads(open(module.write_statistics(str(tmp_path / "statistics.json"), [("grpo", rows)])).read())
+    row = written["rows"][0]
+    assert row["name"] == "grpo" and row["statistics"]["final accuracy"]["values"] == ends
+    assert row["seeds"][1]["run"]["fit"]["asymptote"] == pytest.approx(fit.asymptote)
+    assert row["seeds"][0]["control"]["fit"]["ok"] is False
+
+
+def test_eval_interval_and_the_progress_line(capsys):
+    module = load_script()
+    args, overrides = module.parse_args(["--eval-interval", "2", "--", "--config.lr=1e-4"])
+    assert overrides == ["--config.eval_interval=2", "--config.lr=1e-4"]
+    for argv in (["--eval-interval", "0"], ["--eval-interval", "2", "--", "--config.eval_interval=5"]):
+        with pytest.raises(SystemExit):
+            module.parse_args(argv)
+    plan = module.Plan(3)
+    plan.begin("seed0")
+    plan.finish(None)  # reused
+    plan.begin("control0")
+    plan.finish(120.0)
+    plan.begin("seed1")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[1/3] seed0: 0.0 min so far") and lines[1].startswith("[2/3] control0:")
+    assert lines[2].endswith("about 2 min left")  # one run left at the 120 s a trained run took
