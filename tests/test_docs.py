@@ -1,5 +1,6 @@
-"""What docs/ shows runs: the vLLM example on the real engine (its CPU build), and the install command is the one
-the README's test command and .ci/run use."""
+"""What docs/ shows runs: the vLLM example on the real engine (its CPU build), the sandbox and statistics examples,
+every learning_curves.py command shown parses, and the install command is the one the README's test command and
+.ci/run use."""
 
 import importlib.util
 import os
@@ -60,3 +61,34 @@ def test_the_sandbox_example_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     name, outcome = done.stdout.splitlines()
     assert name.startswith(("namespace", "audit")) and outcome == "ok 45 ()"
+
+
+def test_the_stats_example_runs():
+    script_text = block(ROOT / "docs" / "main_job.md", "stats")
+    done = subprocess.run([sys.executable, "-c", script_text], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fit, mean, difference = done.stdout.splitlines()
+    assert fit.split()[0] == "True" and 0.75 <= float(fit.split()[1]) <= 0.85  # the example's curve levels off
+    for line in (mean, difference):
+        estimate, low, high = (float(x) for x in re.findall(r"(?:estimate|low|high)=([-\d.e]+)", line))
+        assert low <= estimate <= high
+
+
+def test_the_learning_curves_commands_the_docs_show_parse():
+    """Every `learning_curves.py ...` command in docs/ and the README is accepted by the script's parser (the runs
+    themselves take minutes to hours: tests/scripts/test_learning_curves.py runs the script end to end)."""
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "scripts" / "learning_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    inline = re.compile(r"`(?:python )?(?:scripts/)?learning_curves\.py([^`]*)`")
+    in_blocks = re.compile(r"^python scripts/learning_curves\.py(.*)$", re.M)  # lines of a ```bash block
+    commands = []
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        text = path.read_text()
+        commands += [m.group(1) for m in inline.finditer(text)]
+        commands += [m.group(1) for m in in_blocks.finditer(text.replace("\\\n", " "))]
+    assert any("--eval-interval 2" in c for c in commands) and any("tensor_parallel_size=2" in c for c in commands)
+    for command in commands:
+        module.parse_args(shlex.split(command))  # SystemExit (argparse's error) fails the test
