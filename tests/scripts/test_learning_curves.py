@@ -335,7 +335,10 @@ def test_the_algorithms_share_each_seeds_warmstart_end_to_end(tmp_path):
     result = run_script(*args, *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     check_png(out / "algorithms.png")
+    check_png(out / "mean_curves_default.png")  # the task's figure: each row's mean curve
     markdown = (out / "algorithms.md").read_text()
+    assert table_row(markdown, "grpo/seed0")[1] == "3" and table_row(markdown, "rloo/seed0")[1] == "3"  # per run
+    assert [row["name"] for row in json.loads((out / "statistics.json").read_text())["rows"]] == ["grpo", "rloo"]
     grpo, rloo = out / "grpo" / "seed0", out / "rloo" / "seed0"
     for name in ("initial_model", "warmstart_model"):
         comparison = filecmp.dircmp(grpo / name, rloo / name)
