@@ -12,6 +12,10 @@ exact value (Python integers, so no rounding ever) as the gold answer string.
 | 4     | + - *     | 3     | 1 or 2         | as needed   | `12+7*3`, `(4+5)*6` | precedence, parentheses    |
 | 5     | + - *     | 4-5   | 1 to 3         | as needed   | `(312-4)*7+56`      |                            |
 
+The column chain (`digits=d`, level 2 only): two d-digit operands, `4821+3795`, `4821-7936`
+(d = 2..10; 2 is level 2 itself, problem for problem). The teacher (`data/teacher.py`) solves
+it one column at a time, so d is the horizon of its worked solutions.
+
 A 1-digit operand is 0-9; a d-digit operand (d >= 2) is 10^(d-1) .. 10^d - 1, its
 digit count drawn first, uniformly. Expressions are random binary trees (operators
 uniform over the level's), printed with only the parentheses their value needs
@@ -37,6 +41,9 @@ from mathrl_jax.data.sources import Problem
 
 DEFAULT_QUESTION_FORMAT = "What is {expr}?"
 """The question around an expression; "{expr}=" gives the shortest prompts ("3+5=")."""
+
+MIN_DIGITS, MAX_DIGITS = 2, 10
+"""The column chain's operand digits (`digits`): 2 is level 2 as tabled."""
 
 MAX_ATTEMPTS = 10_000
 """Draws tried for one problem (rejections: negative level-1 results, `unique`, `exclude`) before giving up."""
@@ -142,12 +149,26 @@ def _check_level(level: int) -> int:
     return level
 
 
-def _draw(seed: int, split: str, index: int, attempt: int, levels: tuple[int, ...]) -> tuple[int, str, int]:
-    """(level, expression, value) of one draw."""
+def _check_digits(digits, levels: tuple[int, ...]) -> int:
+    if isinstance(digits, bool) or not isinstance(digits, int) or not MIN_DIGITS <= digits <= MAX_DIGITS:
+        raise ValueError(f"digits={digits!r}: expected a whole number from {MIN_DIGITS} to {MAX_DIGITS}")
+    if digits != 2 and levels != (2,):
+        raise ValueError(f"digits={digits} sets the operands of level 2 (a+b, a-b); got levels {list(levels)}")
+    return digits
+
+
+def _draw(
+    seed: int, split: str, index: int, attempt: int, levels: tuple[int, ...], digits: int = 2
+) -> tuple[int, str, int]:
+    """(level, expression, value) of one draw; `digits` != 2: level 2's operands have that many digits."""
     key = f"arithmetic/{seed}/{split}/{index}/{attempt}"
     level = _HashStream(key).choice(levels)
-    stream = _HashStream(f"{key}/level{level}")  # one stream per level: levels do not share operands
     spec = LEVELS[level]
+    if digits == 2:  # one stream per level: levels do not share operands
+        stream = _HashStream(f"{key}/level{level}")
+    else:  # and one per length: the column chain at d digits shares no draws with another length's
+        stream = _HashStream(f"{key}/level{level}/digits{digits}")
+        spec = dataclasses.replace(spec, digits=(digits, digits))
     tree = _tree(stream, spec, stream.integer(*spec.terms))
     return level, render(tree), evaluate(tree)
 
@@ -162,6 +183,7 @@ def arithmetic_problems(
     split: str = "train",
     unique: bool = False,
     exclude: Iterable[str] = (),
+    digits: int = 2,
 ) -> list[Problem]:
     """`n` arithmetic problems, deterministic from (seed, split, levels, question_format).
 
@@ -177,6 +199,8 @@ def arithmetic_problems(
       unique: no two problems with the same question (raises if the levels have
         too few distinct problems).
       exclude: questions never to return (e.g. an evaluation set's).
+      digits: the column chain's operand digits, 2 to 10, with `level=2` only: two `digits`-digit
+        operands. 2 (the default) is level 2 as tabled, the same problems.
 
     Returns:
       Problems with uid "arithmetic:<split>:<seed>:<index>", question
@@ -192,12 +216,13 @@ def arithmetic_problems(
     chosen = tuple(_check_level(v) for v in levels) if levels is not None else (_check_level(level),)
     if not chosen:
         raise ValueError("levels must name at least one level, got an empty sequence")
+    digits = _check_digits(digits, chosen)
     banned = set(exclude)
 
     problems = []
     for index in range(n):
         for attempt in range(MAX_ATTEMPTS):
-            drawn_level, expr, value = _draw(seed, split, index, attempt, chosen)
+            drawn_level, expr, value = _draw(seed, split, index, attempt, chosen, digits)
             question = question_format.replace("{expr}", expr)
             if LEVELS[drawn_level].nonnegative and value < 0:
                 continue
@@ -232,15 +257,24 @@ def arithmetic_train_eval(
     level: int = 1,
     levels: Sequence[int] | None = None,
     question_format: str = DEFAULT_QUESTION_FORMAT,
+    digits: int = 2,
 ) -> tuple[list[Problem], list[Problem]]:
     """(train, eval): `n_eval` distinct evaluation problems and `n_train` training problems sharing none of them.
 
     The evaluation set is `arithmetic_problems(split="eval", unique=True)`; the
     training set is `arithmetic_problems(split="train", exclude=<eval questions>)`
-    and may repeat a question (level 1 has only 155 distinct problems).
+    and may repeat a question (level 1 has only 155 distinct problems). `digits`: the column chain's operand
+    digits (`arithmetic_problems`).
     """
     eval_problems = arithmetic_problems(
-        n_eval, seed=seed, level=level, levels=levels, question_format=question_format, split="eval", unique=True
+        n_eval,
+        seed=seed,
+        level=level,
+        levels=levels,
+        question_format=question_format,
+        split="eval",
+        unique=True,
+        digits=digits,
     )
     train_problems = arithmetic_problems(
         n_train,
@@ -250,5 +284,6 @@ def arithmetic_train_eval(
         question_format=question_format,
         split="train",
         exclude={p.question for p in eval_problems},
+        digits=digits,
     )
     return train_problems, eval_problems

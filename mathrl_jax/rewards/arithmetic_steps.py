@@ -3,10 +3,11 @@ right or wrong given the problem, where OpenR's process reward model would score
 
 The offline task's solutions (`data/teacher.py`) are written one column at a time, steps separated by ",":
 
-    57+38=   7+8=15,5+3+1=9,\\boxed{95}        a slip: 7+8=15,5+3+0=8,\\boxed{85}
+    57+38=       7+8=15,5+3+1=9,\\boxed{95}                      a slip: 7+8=15,5+3+0=8,\\boxed{85}
+    4821+3795=   1+5=6,2+9+0=11,8+7+1=16,4+3+1=8,\\boxed{8616}   (the column chain, d digits: d + 1 steps)
 
 A step is right when it is the step the problem's correct solution has at that place: the units column's fact,
-the tens column with the right carry, the right boxed answer. So "5+3+0=8" is scored wrong for 57+38 although
+each later column with the right carry, the right boxed answer. So "5+3+0=8" is scored wrong for 57+38 although
 the sum is true: its column drops the carry the problem needs. A step past the solution's last, or a step of a
 problem the verifier cannot parse, is scored wrong.
 
@@ -27,14 +28,20 @@ from mathrl_jax.data import teacher
 
 NAME = "arithmetic_steps"  # the `prm_model_name_or_path` that selects this verifier
 STEP_SEPARATOR = ","
-_EXPRESSION = re.compile(r"\d{2}[+-]\d{2}")
+_EXPRESSION = re.compile(r"(?<!\d)\d+[+-]\d+(?!\d)")
 
 
 def reference_steps(question: str) -> list[str] | None:
-    """The correct solution's steps for an arithmetic question (`"57+38="`, in any `question_format`), or None when
-    it holds no two-digit `a+b` / `a-b` expression."""
+    """The correct solution's steps for an arithmetic question (`"57+38="`, `"4821-3795="`, in any
+    `question_format`), or None when its first `a+b` / `a-b` expression is not one the teacher solves (two operands
+    of the same number of digits, 2 to `teacher.MAX_DIGITS`) or it has none."""
     found = _EXPRESSION.search(question)
-    return None if found is None else teacher.worked_solution(found.group()).split(STEP_SEPARATOR)
+    if found is None:
+        return None
+    try:
+        return teacher.worked_solution(found.group()).split(STEP_SEPARATOR)
+    except ValueError:
+        return None
 
 
 class ArithmeticStepVerifier:

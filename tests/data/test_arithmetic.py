@@ -139,3 +139,69 @@ def test_bad_arguments(kwargs, message):
         arithmetic_problems(5, **arguments)
     with pytest.raises(ValueError, match="n must be a non-negative integer, got -1"):
         arithmetic_problems(-1, seed=0)
+
+
+# --- the column chain: level 2 with `digits` operand digits ------------------------------------------------------
+
+
+def test_two_digits_is_level_two_problem_for_problem():
+    for split in ("train", "eval"):
+        assert arithmetic_problems(300, seed=4, level=2, split=split, digits=2) == arithmetic_problems(
+            300, seed=4, level=2, split=split
+        )
+    assert arithmetic_train_eval(200, 50, seed=1, level=2, digits=2) == arithmetic_train_eval(200, 50, seed=1, level=2)
+
+
+@pytest.mark.parametrize("digits", [2, 3, 4, 5, 6, 8, 10])
+def test_column_chain_problems_have_two_operands_of_d_digits(digits):
+    problems = arithmetic_problems(400, seed=3, level=2, digits=digits, question_format="{expr}=")
+    ops = []
+    for p in problems:
+        match = re.fullmatch(r"([1-9]\d*)([+-])([1-9]\d*)=", p.question)
+        assert match, p.question
+        a, op, b = match.groups()
+        assert len(a) == len(b) == digits
+        assert p.answer == str(python_value(a + op + b))
+        ops.append(op)
+    # + and - equally likely; operands uniform over the d-digit numbers: leading digits spread, mean near the middle
+    assert 0.4 < ops.count("+") / len(ops) < 0.6
+    leading = [int(p.question[0]) for p in problems]
+    assert set(leading) == set(range(1, 10))
+    first = [int(re.match(r"\d+", p.question).group()) for p in problems]
+    middle = (10 ** (digits - 1) + 10**digits - 1) / 2
+    assert abs(sum(first) / len(first) - middle) < 0.1 * middle
+    assert len({p.question for p in problems}) > 0.95 * len(problems)  # so many problems that repeats are rare
+
+
+def test_column_chain_is_deterministic_and_each_length_its_own_stream():
+    a = arithmetic_problems(50, seed=9, level=2, digits=5)
+    assert a == arithmetic_problems(50, seed=9, level=2, digits=5)
+    assert a[:20] == arithmetic_problems(20, seed=9, level=2, digits=5)  # the first k of n are the k drawn alone
+    assert a != arithmetic_problems(50, seed=10, level=2, digits=5)
+    assert a != arithmetic_problems(50, seed=9, level=2, digits=5, split="eval")
+    # Lengths do not share draws: the operation of problem i at 4 digits says nothing of it at 5.
+    ops = [
+        [re.search("[-+]", p.question).group() for p in arithmetic_problems(200, seed=9, level=2, digits=d)]
+        for d in (4, 5)
+    ]
+    agree = sum(x == y for x, y in zip(*ops)) / 200
+    assert 0.35 < agree < 0.65
+    train, held_out = arithmetic_train_eval(500, 100, seed=0, level=2, digits=4)
+    assert not {p.question for p in train} & {p.question for p in held_out}
+    assert all(len(p.question) == len("What is 1234+5678?") for p in train + held_out)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(level=2, digits=1), "digits=1"),
+        (dict(level=2, digits=11), "digits=11"),
+        (dict(level=2, digits=True), "digits=True"),
+        (dict(level=2, digits=3.0), "digits=3.0"),
+        (dict(level=3, digits=4), "levels \\[3\\]"),
+        (dict(levels=(1, 2), digits=4), "levels \\[1, 2\\]"),
+    ],
+)
+def test_column_chain_bad_digits(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        arithmetic_problems(3, seed=0, **kwargs)

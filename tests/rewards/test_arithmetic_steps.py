@@ -1,5 +1,8 @@
 """The offline task's process verifier: every step of the teacher's correct solutions scored right, a slip's
-dropped carry and everything after it scored wrong, as OpenR's PRM would score them."""
+dropped carry and everything after it scored wrong, as OpenR's PRM would score them; on the column chain's d digits
+each column scored alone, and on two digits the scores of the two-digit verifier before it."""
+
+import re
 
 import numpy as np
 import pytest
@@ -44,3 +47,81 @@ def test_steps_are_scored_by_place_against_the_problems_solution(question, steps
     (scores,) = ArithmeticStepVerifier().step_scores([question], [steps])
     np.testing.assert_array_equal(scores, np.asarray(expected, np.float32))
     assert reference_steps("what is 2+2?") is None
+
+
+# --- the column chain: d digits ------------------------------------------------------------------------------------
+
+
+def chain(digits, n=200, seed=0):
+    return [
+        p.question
+        for p in arithmetic.arithmetic_problems(n, seed=seed, level=2, digits=digits, question_format="{expr}=")
+    ]
+
+
+def plant_wrong_carry(step):
+    """The step with its carry flipped (1 <-> 0) and its result recomputed: true arithmetic, the wrong carry."""
+    top, op, bottom, carry = re.match(r"^(?:\d+-\d+:)?(\d+)([+-])(\d+)[+-](\d)=\d+$", step).groups()
+    flipped = 1 - int(carry)
+    result = int(top) + int(bottom) + flipped if op == "+" else int(top) - int(bottom) - flipped
+    return f"{top}{op}{bottom}{op}{flipped}={result}"
+
+
+@pytest.mark.parametrize("digits", range(2, 9))
+def test_a_planted_wrong_carry_in_column_k_scores_exactly_step_k_wrong(digits):
+    questions = chain(digits, n=60, seed=digits)
+    verifier = ArithmeticStepVerifier()
+    right = [teacher.worked_solution(q[:-1]).split(",") for q in questions]
+    for scores in verifier.step_scores(questions, right):
+        np.testing.assert_array_equal(scores, np.ones(digits + 1, np.float32))
+    for k in range(1, digits):
+        planted = [steps[:k] + [plant_wrong_carry(steps[k])] + steps[k + 1 :] for steps in right]
+        expected = np.ones(digits + 1, np.float32)
+        expected[k] = 0.0
+        for question, steps, scores in zip(questions, planted, verifier.step_scores(questions, planted)):
+            np.testing.assert_array_equal(scores, expected, err_msg=f"{question} {steps}")
+
+
+@pytest.mark.parametrize("digits", [3, 5, 8])
+def test_the_teachers_slips_are_wrong_from_the_first_dropped_carry(digits):
+    verifier = ArithmeticStepVerifier()
+    questions = chain(digits, n=200, seed=1)
+    for question in questions:
+        expr = question[:-1]
+        slipped = teacher.solve(expr, slip=teacher.slip_decisions(expr, 0.5, seed=2))
+        (scores,) = verifier.step_scores([question], [list(slipped.steps)])
+        if not any(slipped.dropped):
+            np.testing.assert_array_equal(scores, np.ones(digits + 1, np.float32))
+            continue
+        first = slipped.dropped.index(True)
+        assert scores[:first].all() and scores[first] == 0.0 and scores[-1] == 0.0, (question, slipped.steps, scores)
+
+
+def test_it_agrees_with_the_two_digit_verifier_on_two_digits():
+    from tests.data import two_digit_teacher_before as before
+
+    verifier = ArithmeticStepVerifier()
+    train, _ = arithmetic.arithmetic_train_eval(300, 1, seed=5, levels=(2,), question_format="What is {expr}?")
+    questions = [p.question for p in train] + chain(2, n=300)
+    samples = []
+    for i, question in enumerate(questions):
+        expr = teacher.expression_of(question, "What is {expr}?" if question.startswith("What") else "{expr}=")
+        samples.append(
+            [
+                teacher.worked_solution(expr).split(","),
+                teacher.worked_solution(expr, slip=True).split(","),
+                teacher.worked_solution(expr).split(",")[::-1],
+                ["garbage", " " + teacher.worked_solution(expr).split(",")[0] + " "],
+            ][i % 4]
+        )
+    new = [list(s) for s in verifier.step_scores(questions, samples)]
+    assert new == before.step_scores(questions, samples)
+    for question in ("57+38=", "Compute 83-57.", "what is 2+2?", "no problem here"):
+        assert reference_steps(question) == before.reference_steps(question)
+
+
+@pytest.mark.parametrize("question", ["123+45=", "12345678901+12345678901=", "what is 2+2?", "7*3="])
+def test_no_reference_for_what_the_teacher_does_not_solve(question):
+    assert reference_steps(question) is None
+    (scores,) = ArithmeticStepVerifier().step_scores([question], [["1+2=3", "\\boxed{3}"]])
+    np.testing.assert_array_equal(scores, [0.0, 0.0])
