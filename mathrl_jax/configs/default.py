@@ -78,6 +78,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.arithmetic = ml_collections.ConfigDict(
         {"levels": (2,), "num_train": 8000, "num_eval": 500, "question_format": "{expr}="}
     )
+    # Level 2's operand digits, 2 to 10: the column chain's horizon (configs/column_chain.py); 2 = the default task.
+    # It is the number of columns of the teacher's worked solutions and of the process verifier's steps.
+    config.arithmetic.digits = 2
+    # 0, or a second held-out set at this many digits (2 to 10; e.g. digits + 2: length generalisation), eval_hard/*:
+    # num_eval_problems problems of level 2, evaluated beside the first (greedy at each evaluation, pass@k at the
+    # first and last), never trained on.
+    config.arithmetic.eval_digits = 0
     config.prompt_template = "plain"  # plain boxed verl_boxed r1_zero chat chat_plain
     config.max_prompt_length = 16
     config.num_eval_problems = 500  # 200 problems give about +-3 points of noise; 500 about +-2

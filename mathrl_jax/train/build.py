@@ -35,7 +35,14 @@ from mathrl_jax.train.collect import RolloutMaker
 from mathrl_jax.train.evaluation import held_out_accuracy
 from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
 from mathrl_jax.train.metrics import MetricsLogger, report_sinks
-from mathrl_jax.train.problems import check_prompts, check_warmstart_data, encode_prompts, load_data, prompt_settings
+from mathrl_jax.train.problems import (
+    check_prompts,
+    check_warmstart_data,
+    encode_prompts,
+    load_data,
+    load_hard_eval,
+    prompt_settings,
+)
 from mathrl_jax.train.resume import check_resumed_config
 from mathrl_jax.train.run import RewardFn, Run
 from mathrl_jax.train.run_lock import acquire_run_dir, release_run_dir
@@ -158,6 +165,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
             fail(str(error))
     functions = _reward_functions(config, reward_functions)
     train_problems, eval_problems = load_data(config)
+    hard_problems = load_hard_eval(config, train_problems, eval_problems)
     check_warmstart_data(config)
     model_config = _check_model_path(config)
     if config.prm_model_name_or_path not in ("", ARITHMETIC_STEPS) and not os.path.isdir(config.prm_model_name_or_path):
@@ -183,7 +191,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     if config.model_name_or_path:  # a missing tokenizer or a too-long prompt fails before anything is written
         codec = TextCodec(config.model_name_or_path)
         codec.check_vocabulary(model_config.vocab_size, config.model_name_or_path)
-        check_prompts(prompts, codec, train_problems, eval_problems)
+        check_prompts(prompts, codec, train_problems, eval_problems + hard_problems)
     prm = load_prm(config) if "prm" in config.reward_source else None
     check_resumed_config(config, config.run_dir)
     # From here on the run directory is written.
@@ -198,7 +206,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     try:  # the tiny offline model's tokenizer exists only once written: undo that if the prompts do not fit
         if codec is None:
             codec = TextCodec(model_dir)
-            check_prompts(prompts, codec, train_problems, eval_problems)
+            check_prompts(prompts, codec, train_problems, eval_problems + hard_problems)
     except TrainingError:  # every process fails here alike (same files); process 0 undoes what it wrote
         if distributed.is_main_process():
             release_run_dir(run_dir)
@@ -209,6 +217,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         raise
     eval_prompts = encode_prompts(prompts, codec, eval_problems)
     eval_golds = [p.answer for p in eval_problems]
+    hard_eval = (encode_prompts(prompts, codec, hard_problems), [p.answer for p in hard_problems])
     grader = SerialGrader(
         MathGrader(
             RewardValues(
@@ -341,6 +350,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         evaluation=evaluation,
         eval_prompts=eval_prompts,
         eval_golds=eval_golds,
+        hard_eval_prompts=hard_eval[0],
+        hard_eval_golds=hard_eval[1],
         checkpointer=checkpointer,
         logger=MetricsLogger(
             run_dir,

@@ -13,8 +13,8 @@ from mathrl_jax.train.validation import fail
 
 
 def check_warmstart_data(config) -> None:
-    """The teacher's worked solutions exist for two-digit a+b / a-b only (checked after the data loads, so that
-    a missing or malformed data file is reported first)."""
+    """The teacher's worked solutions exist for a+b / a-b only (level 2, at any `arithmetic.digits`; checked after
+    the data loads, so that a missing or malformed data file is reported first)."""
     w = config.warmstart
     if w.steps <= 0:
         return
@@ -31,7 +31,7 @@ def check_warmstart_data(config) -> None:
     levels = tuple(config.arithmetic.levels)
     if levels != (2,):
         fail(
-            f"warmstart.targets='teacher' solves two-digit a+b / a-b (arithmetic level 2) only, got "
+            f"warmstart.targets='teacher' solves a+b / a-b (arithmetic level 2, any arithmetic.digits) only, got "
             f"arithmetic.levels={levels}: use --config.arithmetic.levels=2 or --config.warmstart.targets=answer"
         )
 
@@ -41,7 +41,12 @@ def load_data(config):
     if config.dataset_name == "arithmetic":
         a = config.arithmetic
         train, held_out = arithmetic.arithmetic_train_eval(
-            a.num_train, a.num_eval, seed=config.seed, levels=tuple(a.levels), question_format=a.question_format
+            a.num_train,
+            a.num_eval,
+            seed=config.seed,
+            levels=tuple(a.levels),
+            question_format=a.question_format,
+            digits=a.digits,
         )
         return train, held_out[: config.num_eval_problems]
     for name in ("dataset_path", "eval_dataset_path"):
@@ -68,6 +73,24 @@ def load_data(config):
     if not problems:
         fail(f"dataset {config.dataset_path!r} has no training problems left")
     return problems, held_out[: config.num_eval_problems]
+
+
+def load_hard_eval(config, train_problems, eval_problems):
+    """The second held-out set (`arithmetic.eval_digits`; [] at 0): `num_eval_problems` distinct level-2 problems at
+    that many digits, from a stream of their own (split "eval_digits<d>"), none a training or evaluation question."""
+    a = config.arithmetic
+    if config.dataset_name != "arithmetic" or not a.eval_digits:
+        return []
+    return arithmetic.arithmetic_problems(
+        config.num_eval_problems,
+        seed=config.seed,
+        levels=tuple(a.levels),
+        question_format=a.question_format,
+        split=f"eval_digits{a.eval_digits}",
+        unique=True,
+        exclude={p.question for p in (*train_problems, *eval_problems)},
+        digits=a.eval_digits,
+    )
 
 
 def _keep_subject(problems, subject: str, path: str):

@@ -21,6 +21,7 @@ RESUME_MAY_CHANGE = (
     "num_eval_problems",
     "eval_dataset_path",
     "eval_dataset_split",
+    "arithmetic.eval_digits",
     "log_interval",
     "num_logged_samples",
     "save_interval",

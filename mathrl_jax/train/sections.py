@@ -198,6 +198,8 @@ def warmstart_settings(config) -> WarmStartSettings:
             ("prompt_template", config.prompt_template),
             ("max_prompt_length", config.max_prompt_length),
         )
+    elif config.dataset_name == "arithmetic" and config.arithmetic.digits != 2:  # the column chain's length
+        task = (("arithmetic.digits", config.arithmetic.digits),)
     return WarmStartSettings(
         task=task,
         steps=w.steps,

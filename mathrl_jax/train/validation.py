@@ -125,6 +125,7 @@ def validate_values(config) -> None:
     unknown = [level for level in levels if isinstance(level, bool) or level not in arithmetic.LEVELS]
     if not levels or unknown:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
+    check_column_chain(c, levels)
     if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
     for section in ("vllm", "jax_sampler"):
@@ -160,6 +161,46 @@ def validate_values(config) -> None:
         )
     if c.run_dir and os.path.exists(c.run_dir) and not os.path.isdir(c.run_dir):
         fail(f"run_dir={c.run_dir!r} exists and is not a directory")
+
+
+def check_column_chain(c, levels: tuple) -> None:
+    """`arithmetic.digits` and `arithmetic.eval_digits` (the column chain, `data/arithmetic.py`): whole numbers in
+    range, on level 2 alone, and, with the tiny model warm-started on the teacher (one token per character), a
+    `max_new_tokens` that holds the longest worked solution at those lengths."""
+    from mathrl_jax.data import arithmetic, teacher
+
+    a = c.arithmetic
+    low, high = arithmetic.MIN_DIGITS, arithmetic.MAX_DIGITS
+    for key, value, off in (("digits", a.digits, None), ("eval_digits", a.eval_digits, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high or value == off):
+            allowed = f"{low} to {high}" if off is None else f"0 (none) or {low} to {high}"
+            fail(f"arithmetic.{key}={value!r}: expected a whole number, {allowed}")
+    if a.digits != 2 and levels != (2,):
+        fail(
+            f"arithmetic.digits={a.digits} sets the operands of level 2 (a+b, a-b): use --config.arithmetic.levels=2, "
+            f"got arithmetic.levels={c.arithmetic.levels!r}"
+        )
+    if a.eval_digits:
+        if c.dataset_name != "arithmetic" or c.env_name or levels != (2,):
+            fail(
+                f"arithmetic.eval_digits={a.eval_digits} draws a held-out set of level 2 of the arithmetic task: it "
+                f"needs dataset_name='arithmetic', arithmetic.levels=2 and no env_name (got {c.dataset_name!r}, "
+                f"{levels}, {c.env_name!r})"
+            )
+        if not c.num_eval_problems:
+            fail(f"arithmetic.eval_digits={a.eval_digits} evaluates num_eval_problems problems: got 0")
+    # Only where the policy writes the teacher's solutions (the tiny model warm-started on them; its tokenizer
+    # takes a token per character), and only longer ones: two digits fit every budget the tests and recipes use.
+    lengths = [(key, a[key]) for key in ("digits", "eval_digits") if a[key] > 2]
+    teacher_warmstart = c.warmstart.steps > 0 and c.warmstart.targets == "teacher"
+    if c.dataset_name == "arithmetic" and not c.env_name and not c.model_name_or_path and teacher_warmstart:
+        for key, digits in lengths:
+            needed = teacher.longest_solution(digits) + 1  # + EOS
+            if c.max_new_tokens < needed:
+                fail(
+                    f"max_new_tokens={c.max_new_tokens} is under the {needed} tokens (with EOS) of the longest worked "
+                    f"solution at arithmetic.{key}={digits}: raise max_new_tokens to {needed}"
+                )
 
 
 def validate_config(config) -> None:
@@ -268,7 +309,8 @@ def validate_settings(config) -> None:
         if c.dataset_name != "arithmetic" or levels != (2,) or c.step_separator != ",":
             fail(
                 "prm_model_name_or_path='arithmetic_steps' (the offline task's process verifier) scores the column "
-                "steps of two-digit arithmetic: it needs dataset_name='arithmetic', arithmetic.levels=2 and "
+                "steps of a+b / a-b (level 2, any arithmetic.digits): it needs dataset_name='arithmetic', "
+                "arithmetic.levels=2 and "
                 f"step_separator=',' (got {c.dataset_name!r}, {levels}, {c.step_separator!r})"
             )
     if "prm" in c.reward_source and not c.prm_model_name_or_path:

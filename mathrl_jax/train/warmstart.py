@@ -41,7 +41,8 @@ class WarmStartSettings:
     param_dtype: str = "float32"
     dtype: str = "float32"
     progress: bool = True
-    task: Tuple[Tuple[str, Any], ...] = ()  # a multi-turn run's game (env, options, prompts, games): in the record
+    # In the record: a multi-turn run's game (env, options, prompts, games), the column chain's arithmetic.digits
+    task: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.targets not in ("teacher", "answer"):

@@ -488,7 +488,8 @@ RUNS = {
         "warmstart.batch_size": 4,
         "warmstart.targets": "answer",
     },
-    "async_ppo": {"algorithm_name": "async_ppo", "max_head_offpolicyness": 1},  # the decoupled loss's behaviour_*
+    # The decoupled loss's behaviour_*, and the column chain's harder held-out split (eval_hard/*).
+    "async_ppo": {"algorithm_name": "async_ppo", "max_head_offpolicyness": 1, "arithmetic.eval_digits": 3},
     # Multi-turn episodes (rollout/episode_*), ReBN advantages, padded rows, greedy held-out games.
     "reinforce_rebn_multiturn": {
         "algorithm_name": "reinforce_rebn",

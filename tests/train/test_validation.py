@@ -184,3 +184,80 @@ def test_the_arithmetic_process_verifier_needs_its_task_and_step_split():
     config.arithmetic.levels = (1, 2)
     with pytest.raises(validation.TrainingError, match="levels"):
         validation.validate_settings(config)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"arithmetic.digits": 1}, "arithmetic.digits=1: expected a whole number, 2 to 10"),
+        ({"arithmetic.digits": 11}, "arithmetic.digits=11"),
+        ({"arithmetic.digits": True}, "arithmetic.digits=True"),
+        ({"arithmetic.eval_digits": 1}, r"arithmetic.eval_digits=1: expected a whole number, 0 \(none\) or 2 to 10"),
+        ({"arithmetic.eval_digits": -2}, "arithmetic.eval_digits=-2"),
+        ({"arithmetic.digits": 4, "arithmetic.levels": (2, 3)}, r"arithmetic.levels=\(2, 3\)"),
+        ({"arithmetic.eval_digits": 4, "arithmetic.levels": (3,)}, r"\(3,\)"),
+        ({"arithmetic.eval_digits": 4, "dataset_name": "math500", "dataset_path": "x.jsonl"}, "'math500'"),
+        ({"arithmetic.eval_digits": 4, "num_eval_problems": 0}, "num_eval_problems problems: got 0"),
+        # The tiny model warm-started on the teacher: room for the longest worked solution (one token a character)
+        (
+            {"model_name_or_path": "", "warmstart.steps": 5, "arithmetic.digits": 4, "max_new_tokens": 40},
+            "max_new_tokens=40 is under the 57 tokens .* at arithmetic.digits=4: raise max_new_tokens to 57",
+        ),
+        (
+            {"model_name_or_path": "", "warmstart.steps": 5, "arithmetic.eval_digits": 6, "max_new_tokens": 57},
+            "under the 81 tokens .* arithmetic.eval_digits=6",
+        ),
+    ],
+)
+def test_bad_column_chain_settings_name_the_value(overrides, message, model_dir, tmp_path):  # noqa: F811
+    config = small_config(model_dir, tmp_path / "bad", **overrides)
+    with pytest.raises(validation.TrainingError, match=message):
+        validation.validate_settings(config)
+
+
+def test_column_chain_settings_that_are_fine(model_dir, tmp_path):  # noqa: F811
+    # A budget too short for the teacher is the user's choice where the policy does not write its solutions
+    for overrides in (
+        {"arithmetic.digits": 4},  # own model
+        {"model_name_or_path": "", "arithmetic.digits": 4},  # no warm-start
+        {"model_name_or_path": "", "arithmetic.digits": 4, "warmstart.steps": 5, "warmstart.targets": "answer"},
+        {"model_name_or_path": "", "arithmetic.digits": 4, "warmstart.steps": 5, "max_new_tokens": 57},
+        {"arithmetic.eval_digits": 2},
+    ):
+        validation.validate_settings(small_config(model_dir, tmp_path / "fine", **overrides))
+    # The process verifier scores the column chain too
+    config = small_config(model_dir, tmp_path / "prm", **{"arithmetic.digits": 6, "arithmetic.eval_digits": 8})
+    config.algorithm_name, config.reward_source = "appo", "prm+verifier"
+    config.prm_model_name_or_path, config.step_separator = "arithmetic_steps", ","
+    validation.validate_settings(config)
+
+
+def test_the_column_chain_warmstart_records_its_length(model_dir, tmp_path):  # noqa: F811
+    config = small_config(model_dir, tmp_path / "run", **{"warmstart.steps": 5})
+    assert "task" not in sections.warmstart_settings(config).record()  # the default's record as before
+    config.arithmetic.digits = 4
+    record = sections.warmstart_settings(config).record()
+    assert record["task"] == {"arithmetic.digits": 4}
+    directory = tmp_path / "warm"
+    directory.mkdir()
+    import json
+
+    (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
+    config.arithmetic.digits = 5
+    with pytest.raises(validation.TrainingError, match="task"):
+        warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
+
+
+def test_the_harder_split_is_held_out_and_of_its_length(model_dir, tmp_path):  # noqa: F811
+    config = small_config(model_dir, tmp_path / "run", **{"arithmetic.digits": 3, "num_eval_problems": 40})
+    train, held_out = problems.load_data(config)
+    assert problems.load_hard_eval(config, train, held_out) == []
+    assert all(len(p.question) == len("123+456=") for p in train + held_out)
+    config.arithmetic.eval_digits = 5
+    hard = problems.load_hard_eval(config, train, held_out)
+    assert len(hard) == 40 == len({p.question for p in hard})
+    assert all(len(p.question) == len("12345+67890=") for p in hard)
+    assert hard == problems.load_hard_eval(config, train, held_out)
+    config.arithmetic.eval_digits = 3  # the training length: still none of the training or held-out questions
+    same = problems.load_hard_eval(config, train, held_out)
+    assert not {p.question for p in same} & {p.question for p in train + held_out}
