@@ -345,17 +345,20 @@ for index, name in enumerate(names):
     if name in off:
         _write(defaults + 24 + 8 * index, off[name])
 print("hook-off", flush=True)
-"""
-"""The review's bypass (CPython 3.11+ object layouts): the hook's refusal lists emptied, everything "inside"."""
 
-ATTACKS = """
-import os, socket, stat
+
 def attempt(what, action):
     try:
         action()
         print(what, "GAINED", flush=True)
     except BaseException as e:
         print(what, "refused", type(e).__name__, flush=True)
+"""
+"""The review's bypass (CPython 3.11+ object layouts): the hook's refusal lists emptied, everything "inside";
+then `attempt(what, action)` prints whether each attack GAINED or was refused."""
+
+ATTACKS = """
+import os, socket, stat
 
 def udp():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -479,12 +482,6 @@ def test_a_mode_that_cannot_contain_is_refused_unless_opted_in():
 HARM = """
 import os, resource, signal, ctypes
 pid = {pid}
-def attempt(what, action):
-    try:
-        action()
-        print(what, "GAINED", flush=True)
-    except BaseException as e:
-        print(what, "refused", type(e).__name__, flush=True)
 
 libc = ctypes.CDLL(None, use_errno=True)
 attempt("prlimit-cpu", lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)))
