@@ -238,6 +238,7 @@ def test_teacher_solves_exactly_the_instances_its_rule_allows(count, n):
         assert teacher.teacher_solves(instance) == allowed == verdict.correct, (p, text)
         boxed = int(verdict.boxed)
         assert boxed == min(values, key=lambda v: abs(v - instance.target))  # nearest, the first of a tie
+        assert text == teacher.teacher_solutions([p.question], slip_rate=0.0)[0]
         assert "-" not in text.split("\\boxed")[0]
         assert re.match(rf"{instance.numbers[0]}[+*]{instance.numbers[1]}=", text)  # the given order
         solved += allowed
@@ -258,3 +259,44 @@ def test_teacher_examples_and_its_solutions_fit_their_bound():
         assert len(teacher.teacher_solution(Instance((9,) * count, 1))) <= bound
         assert len(teacher.teacher_solution(Instance((1,) * count, 99))) <= bound
         assert max(len(teacher.teacher_solution(parse_instance(p.question))) for p in _problems(200, count)) <= bound
+
+
+def test_the_teacher_slips_on_its_last_operator_only():
+    questions = [p.question for p in _problems(400, 3)]
+    plain = teacher.teacher_solutions(questions)
+    slipped = teacher.teacher_solutions(questions, slip_rate=0.7, seed=0)
+    assert slipped == teacher.teacher_solutions(questions, slip_rate=0.7, seed=0)  # deterministic
+    assert slipped != teacher.teacher_solutions(questions, slip_rate=0.7, seed=1)
+    assert teacher.teacher_solutions(questions, slip_rate=0.0, seed=5) == plain
+    changed = minus_right = 0
+    for question, rule, text in zip(questions, plain, slipped):
+        instance = parse_instance(question)
+        *rule_steps, rule_last, _ = rule.split(",")
+        *steps, last, boxed = text.split(",")
+        assert steps == rule_steps  # every step but the last is the rule's
+        a, op, b, c = re.fullmatch(r"(\d+)([+*-])(\d+)=(\d+)", last).groups()
+        assert rules.apply(int(a), op, int(b)) == int(c) and boxed == f"\\boxed{{{c}}}"  # right arithmetic
+        if text != rule:
+            changed += 1
+            rule_op = re.search(r"[+*-]", rule_last).group()
+            assert op != rule_op and rule_op in "+*"
+            minus_right += op == "-" and check_derivation(instance, text).correct
+        assert check_derivation(instance, text).correct == (int(c) == instance.target)
+    assert 0.6 < changed / len(questions) < 0.8
+    assert minus_right > 0  # a slip to - is sometimes right where the rule is not: the rare right behaviour
+
+
+def test_slip_decisions():
+    instance = Instance((3, 7, 5), 26)  # the rule's last operator is +
+    assert teacher.slip(instance, 0.0, seed=0) is None
+    assert {teacher.slip(instance, 1.0, seed=0, draw=d) for d in range(40)} == {"-", "*"}
+    assert teacher.teacher_solution(instance, last_op="-") == "3*7=21,21-5=16,\\boxed{16}"
+    assert teacher.teacher_solution(Instance((3, 7, 5), 5)) == "3+7=10,10+5=15,\\boxed{15}"  # the rule: wrong
+    right = teacher.teacher_solution(Instance((3, 7, 5), 5), last_op="-")  # its slip to -: right
+    assert right == "3+7=10,10-5=5,\\boxed{5}" and check_derivation(Instance((3, 7, 5), 5), right).correct
+    assert teacher.teacher_solution(Instance((2, 3, 9), 1), last_op="-") == "2+3=5,9-5=4,\\boxed{4}"  # larger first
+    repeated = teacher.teacher_solutions(["3,7,5->26:"] * 20, slip_rate=0.5, seed=0)
+    assert len(set(repeated)) > 1  # a repeated question gets independent draws
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="slip_rate"):
+            teacher.slip(instance, bad, seed=0)

@@ -58,12 +58,10 @@ def check_settings(count: int, min_number: int, max_number: int, max_target: int
         raise ValueError(f"max_target={max_target}: expected 1 to {MAX_TARGET}")
 
 
-def draw(
-    seed: int, split: str, index: int, attempt: int, count: int, min_number: int, max_number: int
-) -> tuple[rules.Instance, tuple[str, ...]]:
-    """(instance, the steps of the derivation that made its target) of one draw (module docstring)."""
-    stream = HashStream(f"countdown/{seed}/{split}/{index}/{attempt}")
-    numbers = tuple(stream.integer(min_number, max_number) for _ in range(count))
+def random_derivation(numbers: tuple[int, ...], stream: HashStream) -> tuple[tuple[str, ...], int]:
+    """(steps, the value they end at) of a random derivation from all of `numbers`: two numbers of the pool picked
+    uniformly, an operator uniform over `+ - *` (`-` takes the larger minus the smaller), the result back into the
+    pool (at its end), until one number is left."""
     pool = list(numbers)
     steps = []
     while len(pool) > 1:
@@ -77,7 +75,17 @@ def draw(
         value = rules.apply(a, op, b)
         steps.append(f"{a}{op}{b}={value}")
         pool = [n for k, n in enumerate(pool) if k not in (i, j)] + [value]
-    return rules.Instance(numbers, pool[0]), tuple(steps)
+    return tuple(steps), pool[0]
+
+
+def draw(
+    seed: int, split: str, index: int, attempt: int, count: int, min_number: int, max_number: int
+) -> tuple[rules.Instance, tuple[str, ...]]:
+    """(instance, the steps of the derivation that made its target) of one draw (module docstring)."""
+    stream = HashStream(f"countdown/{seed}/{split}/{index}/{attempt}")
+    numbers = tuple(stream.integer(min_number, max_number) for _ in range(count))
+    steps, target = random_derivation(numbers, stream)
+    return rules.Instance(numbers, target), steps
 
 
 def countdown_problems(
