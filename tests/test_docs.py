@@ -92,3 +92,82 @@ def test_the_learning_curves_commands_the_docs_show_parse():
     assert any("--eval-interval 2" in c for c in commands) and any("tensor_parallel_size=2" in c for c in commands)
     for command in commands:
         module.parse_args(shlex.split(command))  # SystemExit (argparse's error) fails the test
+
+
+def shell_block(path, name):
+    """The ```bash block between `<!-- name:begin -->` and `<!-- name:end -->` of `path`."""
+    found = re.search(rf"<!-- {name}:begin -->\n```bash\n(.*?)```\n<!-- {name}:end -->", path.read_text(), re.S)
+    assert found, f"{path.name} has no {name} block"
+    return found.group(1)
+
+
+# What makes the documented column-chain runs a test's size: a one-layer tiny model, a couple of warm-start steps
+# and one RL iteration on a handful of problems, every evaluation (both held-out sets, greedy and sampled) on two.
+TINY_COLUMN_CHAIN = (
+    "--config.warmstart.steps=2",
+    "--config.warmstart.batch_size=4",
+    "--config.num_iterations=1",
+    "--config.eval_interval=1",
+    "--config.eval_n_samples=2",
+    "--config.num_logged_samples=1",
+    "--config.n_rollout_threads=2",
+    "--config.group_size=2",
+    "--config.num_mini_batch=1",
+    "--config.arithmetic.num_train=8",
+    "--config.arithmetic.num_eval=2",
+    "--config.num_eval_problems=2",
+    "--config.progress=False",
+    "--config.export_final=False",
+    "--config.report_to=none",
+)
+COLUMN_CHAIN_HEAD = ["python", "scripts/train.py", "--config", "mathrl_jax/configs/column_chain.py"]
+
+
+def column_chain_commands():
+    """The `python scripts/train.py` lines of docs/testbed.md's column-chain block, split."""
+    import shlex
+
+    return [shlex.split(line) for line in shell_block(ROOT / "docs" / "testbed.md", "column-chain").splitlines()]
+
+
+def test_the_column_chain_block_is_three_runs_of_its_config():
+    commands = column_chain_commands()
+    assert len(commands) == 3 and all(c[:4] == COLUMN_CHAIN_HEAD for c in commands)
+
+
+@pytest.fixture(scope="module")
+def one_layer_model(tmp_path_factory):
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    directory = str(tmp_path_factory.mktemp("model") / "tiny")
+    write_tiny_checkpoint(directory, seed=0, num_hidden_layers=1)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "index",
+    [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)],
+    ids=["grpo", "control", "tppo"],
+)
+def test_the_column_chain_commands_run(index, one_layer_model, tmp_path):
+    """Each line of docs/testbed.md's column-chain block runs end to end (warm-start on the teacher's d-digit
+    solutions, RL, both held-out sets evaluated), made tiny by `TINY_COLUMN_CHAIN` and a one-layer model."""
+    import json
+
+    command = column_chain_commands()[index]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    run_dir = tmp_path / "run"
+    overrides = [*TINY_COLUMN_CHAIN, f"--config.model_name_or_path={one_layer_model}", f"--config.run_dir={run_dir}"]
+    done = subprocess.run(
+        [sys.executable, *command[1:], *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("warmstart/eval_accuracy_after" in m for m in metrics)
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 1] and all("eval_hard/accuracy" in m for m in evals)
+    assert "eval_hard/pass@2" in evals[-1]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["arithmetic"]["digits"] + 2 == config["arithmetic"]["eval_digits"]
+    record = json.loads((run_dir / "warmstart_model" / "mathrl_jax_warmstart.json").read_text())
+    assert record["task"] == {"arithmetic.digits": config["arithmetic"]["digits"]}

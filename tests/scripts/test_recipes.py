@@ -58,8 +58,9 @@ def command_of(recipe_commands, name, run_dir, *extra):
 
 
 # The offline configs need no stand-ins (the tiny model is written by the run): the default is the README's main
-# job (tests/scripts/test_train_cli.py), the game is run by tests/train/test_learning.py (slow).
-OFFLINE = ("default.py", "guess_number_tiny.py")
+# job (tests/scripts/test_train_cli.py), the game is run by tests/train/test_learning.py (slow), the column chain's
+# documented commands by tests/test_docs.py.
+OFFLINE = ("default.py", "guess_number_tiny.py", "column_chain.py")
 RECIPES = sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py") and f not in ("__init__.py", *OFFLINE))
 
 
