@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
     )
 
     # --- data --------------------------------------------------------------------------
-    config.dataset_name = "arithmetic"  # arithmetic, or a layout: auto math500 gsm8k areal_boba
+    config.dataset_name = "arithmetic"  # arithmetic, countdown, or a layout: auto math500 gsm8k areal_boba
     config.dataset_path = ""  # JSONL / parquet / datasets dir / a dataset's Hub id in the local cache
     config.eval_dataset_path = ""  # "" = a held-out split of the training source
     # The split of a dataset folder or Hub dataset that holds several ("train", "test"); "" for one that holds one
@@ -85,6 +85,17 @@ def get_config() -> ml_collections.ConfigDict:
     # num_eval_problems problems of level 2, evaluated beside the first (greedy at each evaluation, pass@k at the
     # first and last), never trained on.
     config.arithmetic.eval_digits = 0
+    # dataset_name="countdown" (configs/countdown.py, data/countdown/): reach the target from `count` numbers (3 to
+    # 6), each in [min_number, max_number], with + - *, each number used once: "3,7,5->26:" is answered
+    # "7*3=21,21+5=26,\boxed{26}". Targets 1 to max_target. num_train training problems (repeats allowed) and
+    # num_eval distinct held-out ones. The reward is a valid derivation of the target, not the boxed number
+    # (rewards/countdown_grader.py); the warm-start teacher combines the numbers left to right with + and * only.
+    config.countdown = ml_collections.ConfigDict(
+        {"count": 3, "min_number": 1, "max_number": 9, "max_target": 99, "num_train": 8000, "num_eval": 500}
+    )
+    # 0, or a second held-out set of countdown instances with this many numbers (3 to 6; count + 1: the harder
+    # split), eval_hard/*: num_eval_problems problems, evaluated beside the first as arithmetic.eval_digits's.
+    config.countdown.eval_count = 0
     config.prompt_template = "plain"  # plain boxed verl_boxed r1_zero chat chat_plain
     config.max_prompt_length = 16
     config.num_eval_problems = 500  # 200 problems give about +-3 points of noise; 500 about +-2
@@ -226,7 +237,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- supervised warm-start (before RL, same command) ----------------------------------
     # targets: "teacher" = worked column-by-column solutions from a teacher that drops the carry / borrow with
-    # probability slip_rate (data/teacher.py; arithmetic level 2 only); "answer" = the bare "\\boxed{answer}".
+    # probability slip_rate (data/teacher.py; arithmetic level 2 only); with dataset_name="countdown", its teacher's
+    # left-to-right chains whose last operator slips with probability slip_rate (data/countdown/teacher.py);
+    # "answer" = the bare "\\boxed{answer}" (not for countdown, whose gold answer is the instance).
     # With env_name (guess_number): the turns of a teacher's games, binary search whose guess slips to the
     # smallest candidate with probability slip_rate (envs/guess_number_teacher.py).
     config.warmstart = ml_collections.ConfigDict(

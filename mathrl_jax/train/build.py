@@ -17,6 +17,8 @@ from mathrl_jax.models import hf, hf_config, qwen, tiny, value_head
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.models.hub import HubModelError, resolve_dataset_path, resolve_model_dir
 from mathrl_jax.rewards.arithmetic_steps import NAME as ARITHMETIC_STEPS
+from mathrl_jax.rewards.countdown_grader import CountdownGrader
+from mathrl_jax.rewards.countdown_steps import NAME as COUNTDOWN_STEPS
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.rewards.serial_grader import SerialGrader
@@ -98,16 +100,22 @@ def _check_model_path(config):
     return model_config
 
 
+RULE_BASED_VERIFIERS = (ARITHMETIC_STEPS, COUNTDOWN_STEPS)
+"""The `prm_model_name_or_path` values that name a built-in rule-based process verifier, not a checkpoint."""
+
+
 def load_prm(config):
     """The process reward model of `prm_model_name_or_path`, loaded before the run directory is written, so a
     PRM that cannot serve (architecture, tokenizer, a step tag or label that is not one token) stops the run
     with the option to change and leaves the run directory as it was."""
-    from mathrl_jax.rewards import arithmetic_steps
+    from mathrl_jax.rewards import arithmetic_steps, countdown_steps
     from mathrl_jax.rewards.prm import PRMConfig, ProcessRewardModel
 
     path = config.prm_model_name_or_path
     if path == arithmetic_steps.NAME:  # the offline task's rule-based process verifier
         return arithmetic_steps.ArithmeticStepVerifier()
+    if path == countdown_steps.NAME:  # countdown's
+        return countdown_steps.CountdownStepVerifier()
     prm_config = PRMConfig(
         step_tag=config.prm.step_tag,
         candidate_tokens=tuple(config.prm.candidate_tokens),
@@ -157,8 +165,8 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         eval_dataset_path=resolve_dataset_path,
     )
     for key, resolve in resolvers.items():  # a Hub id: its snapshot in the local cache
-        if key == "prm_model_name_or_path" and config[key] == ARITHMETIC_STEPS:
-            continue  # the built-in process verifier, no checkpoint
+        if key == "prm_model_name_or_path" and config[key] in RULE_BASED_VERIFIERS:
+            continue  # a built-in process verifier, no checkpoint
         try:
             config[key] = resolve(config[key], key)
         except HubModelError as error:
@@ -168,7 +176,9 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     hard_problems = load_hard_eval(config, train_problems, eval_problems)
     check_warmstart_data(config)
     model_config = _check_model_path(config)
-    if config.prm_model_name_or_path not in ("", ARITHMETIC_STEPS) and not os.path.isdir(config.prm_model_name_or_path):
+    if config.prm_model_name_or_path not in ("", *RULE_BASED_VERIFIERS) and not os.path.isdir(
+        config.prm_model_name_or_path
+    ):
         fail(f"prm_model_name_or_path {config.prm_model_name_or_path!r} is not a local directory")
     if config.sampler == "vllm":
         import importlib.util
@@ -218,15 +228,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     eval_prompts = encode_prompts(prompts, codec, eval_problems)
     eval_golds = [p.answer for p in eval_problems]
     hard_eval = (encode_prompts(prompts, codec, hard_problems), [p.answer for p in hard_problems])
-    grader = SerialGrader(
-        MathGrader(
-            RewardValues(
-                config.reward.correct, config.reward.incorrect, config.reward.no_answer, config.reward.format_reward
-            ),
-            timeout_s=config.reward.timeout_s,
-            num_workers=config.reward.num_workers,
-        )
-    )
+    grader = SerialGrader(_grader(config))
     sampler_args = dict(
         eos_token_ids=[codec.eos_token_id],
         pad_token_id=codec.pad_token_id,
@@ -369,10 +371,21 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     )
 
 
+def _grader(config):
+    """The verifier of the run's answers, for its rewards and every evaluation: the math grader (a boxed answer
+    against the gold); for countdown, whose target is in the prompt, its own grader of the whole derivation."""
+    values = RewardValues(
+        config.reward.correct, config.reward.incorrect, config.reward.no_answer, config.reward.format_reward
+    )
+    if config.dataset_name == "countdown":
+        return CountdownGrader(values)
+    return MathGrader(values, timeout_s=config.reward.timeout_s, num_workers=config.reward.num_workers)
+
+
 def _warmstart_task(config, game, codec, train_problems, evaluation, grader, eval_prompts, eval_golds):
-    """What the warm-start imitates and how it is scored: (examples(), accuracy(sampler)). The arithmetic
-    teacher's solutions (or the gold answers) and the greedy held-out accuracy; for a multi-turn run, the game
-    teacher's turns and the greedy success rate on the held-out games."""
+    """What the warm-start imitates and how it is scored: (examples(), accuracy(sampler)). The arithmetic or
+    countdown teacher's solutions (or the gold answers) and the greedy held-out accuracy (the run's grader); for a
+    multi-turn run, the game teacher's turns and the greedy success rate on the held-out games."""
     w = config.warmstart
     if game is None:
         settings = sections.warmstart_settings(config)

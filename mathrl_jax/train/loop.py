@@ -238,10 +238,10 @@ HARD_EVAL_PREFIX = "eval_hard/"
 
 def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, float]:
     """Greedy held-out accuracy; with `sampled`, also pass@k from `eval_n_samples` samples at the RL
-    temperature (pass@1 is the sampled accuracy); the same on the harder split (`arithmetic.eval_digits`) as
-    `eval_hard/*`, if the run has one. Writes `run_dir/samples/` (`write_samples`: the first held-out set's). A
-    multi-turn run plays its held-out games greedily instead (`multiturn.evaluate_games`: the success rate as
-    `eval/accuracy`)."""
+    temperature (pass@1 is the sampled accuracy); the same on the harder split (`arithmetic.eval_digits`,
+    `countdown.eval_count`) as `eval_hard/*`, if the run has one. Writes `run_dir/samples/` (`write_samples`: the
+    first held-out set's). A multi-turn run plays its held-out games greedily instead (`multiturn.evaluate_games`:
+    the success rate as `eval/accuracy`)."""
     r = run.rollouts
     if run.game is not None:
         return evaluate_games(r, run.game, run.evaluation.max_new_tokens)
@@ -249,7 +249,7 @@ def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, fl
     metrics = held_out_accuracy(
         run.evaluation, r.sampler, r.codec, r.grader, run.eval_prompts, run.eval_golds, n_samples
     )
-    if run.hard_eval_prompts:  # the harder split (arithmetic.eval_digits): the same metrics, as eval_hard/*
+    if run.hard_eval_prompts:  # the harder split (eval_digits, eval_count): the same metrics, as eval_hard/*
         hard = held_out_accuracy(
             run.evaluation, r.sampler, r.codec, r.grader, run.hard_eval_prompts, run.hard_eval_golds, n_samples
         )

@@ -95,8 +95,12 @@ METRIC_NAMES: dict[str, str] = {
         "unbiased pass@k (Chen et al. 2021) from eval_n_samples samples at the RL temperature, for k in 1, 4, 8 "
         "and eval_n_samples (k <= eval_n_samples), at the first and last evaluation; pass@1 is the sampled accuracy"
     ),
-    # eval_hard: the second held-out set (arithmetic.eval_digits: more or fewer digits than trained), beside eval/
-    "eval_hard/accuracy": "greedy accuracy on the harder held-out split (arithmetic.eval_digits), at each evaluation",
+    # eval_hard: the second held-out set (arithmetic.eval_digits: more or fewer digits than trained;
+    # countdown.eval_count: more numbers), beside eval/
+    "eval_hard/accuracy": (
+        "greedy accuracy on the harder held-out split (arithmetic.eval_digits, countdown.eval_count), at each "
+        "evaluation"
+    ),
     "eval_hard/response_length": "mean greedy response length on the harder held-out split, in tokens",
     "eval_hard/pass@{k}": "eval/pass@{k} on the harder held-out split, at the first and last evaluation",
     # perf: throughput

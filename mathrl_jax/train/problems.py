@@ -8,23 +8,32 @@ import sys
 from typing import List
 
 from mathrl_jax.data import arithmetic, prompts, sources
+from mathrl_jax.data.countdown import problems as countdown
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.train.validation import fail
 
 
 def check_warmstart_data(config) -> None:
-    """The teacher's worked solutions exist for a+b / a-b only (level 2, at any `arithmetic.digits`; checked after
-    the data loads, so that a missing or malformed data file is reported first)."""
+    """The teacher's worked solutions exist for a+b / a-b (level 2, at any `arithmetic.digits`) and for countdown;
+    countdown has no bare answer to imitate (checked after the data loads, so that a missing or malformed data file
+    is reported first)."""
     w = config.warmstart
     if w.steps <= 0:
         return
     if config.env_name:  # the game's teacher plays the game (multiturn.TEACHERS; validation checked targets)
         return
+    if config.dataset_name == "countdown":
+        if w.targets != "teacher":
+            fail(
+                f"warmstart.targets={w.targets!r} with dataset_name='countdown': its gold answer is the instance, not "
+                "a completion to imitate; use --config.warmstart.targets=teacher or --config.warmstart.steps=0"
+            )
+        return
     if w.targets != "teacher":
         return
     if config.dataset_name != "arithmetic":
         fail(
-            f"warmstart.targets='teacher' writes worked solutions of the arithmetic task only, not of "
+            f"warmstart.targets='teacher' writes worked solutions of the arithmetic and countdown tasks only, not of "
             f"dataset_name={config.dataset_name!r}: use --config.warmstart.targets=answer (imitate the gold "
             "answers) or --config.warmstart.steps=0 (no warm-start)"
         )
@@ -48,6 +57,10 @@ def load_data(config):
             question_format=a.question_format,
             digits=a.digits,
         )
+        return train, held_out[: config.num_eval_problems]
+    if config.dataset_name == "countdown":
+        c = config.countdown
+        train, held_out = countdown.countdown_train_eval(c.num_train, c.num_eval, seed=config.seed, **_instances(c))
         return train, held_out[: config.num_eval_problems]
     for name in ("dataset_path", "eval_dataset_path"):
         path = config[name]
@@ -75,9 +88,30 @@ def load_data(config):
     return problems, held_out[: config.num_eval_problems]
 
 
+def _instances(section) -> dict:
+    """The countdown instances' settings of `config.countdown`."""
+    return dict(
+        count=section.count,
+        min_number=section.min_number,
+        max_number=section.max_number,
+        max_target=section.max_target,
+    )
+
+
 def load_hard_eval(config, train_problems, eval_problems):
-    """The second held-out set (`arithmetic.eval_digits`; [] at 0): `num_eval_problems` distinct level-2 problems at
-    that many digits, from a stream of their own (split "eval_digits<d>"), none a training or evaluation question."""
+    """The second held-out set (`arithmetic.eval_digits`, `countdown.eval_count`; [] at 0): `num_eval_problems`
+    distinct problems, level 2 at that many digits or countdown instances of that many numbers, from a stream of
+    their own (split "eval_digits<d>", "eval_count<k>"), none a training or evaluation question."""
+    if config.dataset_name == "countdown" and config.countdown.eval_count:
+        c = config.countdown
+        return countdown.countdown_problems(
+            config.num_eval_problems,
+            seed=config.seed,
+            **{**_instances(c), "count": c.eval_count},
+            split=f"eval_count{c.eval_count}",
+            unique=True,
+            exclude={p.question for p in (*train_problems, *eval_problems)},
+        )
     a = config.arithmetic
     if config.dataset_name != "arithmetic" or not a.eval_digits:
         return []

@@ -22,6 +22,7 @@ RESUME_MAY_CHANGE = (
     "eval_dataset_path",
     "eval_dataset_split",
     "arithmetic.eval_digits",
+    "countdown.eval_count",
     "log_interval",
     "num_logged_samples",
     "save_interval",

@@ -78,6 +78,6 @@ class Run:
     pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
     data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
     lora_base: Optional[Dict[str, str]] = None  # a LoRA run's base: path and hash, in each checkpoint
-    # The second held-out set (arithmetic.eval_digits), evaluated beside the first as eval_hard/*; empty: none
+    # The second held-out set (arithmetic.eval_digits, countdown.eval_count), beside the first as eval_hard/*; [] = none
     hard_eval_prompts: List[List[int]] = dataclasses.field(default_factory=list)
     hard_eval_golds: List[str] = dataclasses.field(default_factory=list)

@@ -200,8 +200,14 @@ def warmstart_settings(config) -> WarmStartSettings:
         )
     elif config.dataset_name == "arithmetic" and config.arithmetic.digits != 2:  # the column chain's length
         task = (("arithmetic.digits", config.arithmetic.digits),)
+    elif config.dataset_name == "countdown":  # what its instances, so its teacher's solutions, depend on
+        c = config.countdown
+        task = (("dataset_name", "countdown"),) + tuple(
+            (f"countdown.{key}", c[key]) for key in ("count", "min_number", "max_number", "max_target", "num_train")
+        )
     return WarmStartSettings(
         task=task,
+        teacher="countdown" if config.dataset_name == "countdown" and game is None else "arithmetic",
         steps=w.steps,
         prompts=prompt_settings(config),
         batch_size=w.batch_size,

@@ -28,6 +28,8 @@ class TrainingError(MathRLError, ValueError):
 
 
 REWARD_SOURCES = ("verifier", "prm", "prm+verifier", "functions", "verifier+functions")
+BUILT_IN_TASKS = ("arithmetic", "countdown")
+"""The dataset_names of the procedural tasks, which read no file."""
 DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl")
 
 
@@ -89,6 +91,8 @@ RANGES = (
     ("reward.function_timeout_s", 0.0, math.inf, False),
     ("arithmetic.num_train", 1, math.inf, True),
     ("arithmetic.num_eval", 0, math.inf, True),
+    ("countdown.num_train", 1, math.inf, True),
+    ("countdown.num_eval", 0, math.inf, True),
     ("dapo.overlong_buffer_len", 0, math.inf, True),
     ("dapo.overlong_penalty_factor", 0.0, math.inf, True),
     ("dapo.success_rate_lb", 0.0, 1.0, True),
@@ -126,6 +130,7 @@ def validate_values(config) -> None:
     if not levels or unknown:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     check_column_chain(c, levels)
+    check_countdown(c)
     if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
     for section in ("vllm", "jax_sampler"):
@@ -154,10 +159,10 @@ def validate_values(config) -> None:
             fail(f"report_to={c.report_to!r} includes wandb, which is not installed: pip install -e '.[wandb]'")
     if c.kl_kind not in update_lib.losses.KL_KINDS:
         fail(f"unknown kl_kind {c.kl_kind!r}; expected one of {', '.join(update_lib.losses.KL_KINDS)}")
-    if c.dataset_path and c.dataset_name == "arithmetic":
+    if c.dataset_path and c.dataset_name in BUILT_IN_TASKS:
         fail(
-            f"dataset_path={c.dataset_path!r} is set but dataset_name='arithmetic' (the built-in task, which reads "
-            "no file): name the file's layout, e.g. --config.dataset_name=auto"
+            f"dataset_path={c.dataset_path!r} is set but dataset_name={c.dataset_name!r} (a built-in task, which "
+            "reads no file): name the file's layout, e.g. --config.dataset_name=auto"
         )
     if c.run_dir and os.path.exists(c.run_dir) and not os.path.isdir(c.run_dir):
         fail(f"run_dir={c.run_dir!r} exists and is not a directory")
@@ -203,6 +208,44 @@ def check_column_chain(c, levels: tuple) -> None:
                 )
 
 
+def check_countdown(c) -> None:
+    """`config.countdown` (`data/countdown/`): the instance settings in range, `eval_count` 0 or a count, and, with
+    the tiny model warm-started on the teacher (one token per character), a `max_new_tokens` that holds the
+    teacher's longest solution at either count."""
+    from mathrl_jax.data.countdown import problems, rules, teacher
+
+    s = c.countdown
+    try:
+        problems.check_settings(s.count, s.min_number, s.max_number, s.max_target)
+    except ValueError as error:
+        fail(f"countdown.{error}")
+    low, high = rules.MIN_NUMBERS, rules.MAX_NUMBERS
+    if (
+        isinstance(s.eval_count, bool)
+        or not isinstance(s.eval_count, int)
+        or not (s.eval_count == 0 or low <= s.eval_count <= high)
+    ):
+        fail(f"countdown.eval_count={s.eval_count!r}: expected 0 (none) or a whole number from {low} to {high}")
+    if s.eval_count and c.dataset_name != "countdown":
+        fail(
+            f"countdown.eval_count={s.eval_count} draws a held-out set of countdown: it needs dataset_name='countdown'"
+        )
+    if s.eval_count and not c.num_eval_problems:
+        fail(f"countdown.eval_count={s.eval_count} evaluates num_eval_problems problems: got 0")
+    if c.dataset_name == "countdown" and c.env_name:
+        fail(f"dataset_name='countdown' is a single-turn task; env_name={c.env_name!r} plays a game instead")
+    teacher_warmstart = c.warmstart.steps > 0 and c.warmstart.targets == "teacher"
+    if c.dataset_name == "countdown" and not c.model_name_or_path and teacher_warmstart:
+        for key in ("count", "eval_count"):
+            if s[key]:
+                needed = teacher.longest_solution(s[key], s.max_number) + 1  # + EOS
+                if c.max_new_tokens < needed:
+                    fail(
+                        f"max_new_tokens={c.max_new_tokens} is under the {needed} tokens (with EOS) of the countdown "
+                        f"teacher's longest solution at countdown.{key}={s[key]}: raise max_new_tokens to {needed}"
+                    )
+
+
 def validate_config(config) -> None:
     """Every check that needs no file: names, ranges, divisibility, and the processes and devices the run has."""
     validate_settings(config)
@@ -222,9 +265,10 @@ def validate_settings(config) -> None:
         fail(f"unknown algorithm_name {c.algorithm_name!r}; expected one of {', '.join(algorithms.NAMES)}")
     if c.sampler not in ("jax", "vllm"):
         fail(f"unknown sampler {c.sampler!r}; expected 'jax' or 'vllm'")
-    if c.dataset_name != "arithmetic" and c.dataset_name not in DATASET_LAYOUTS + sources.MATH_SUBJECTS:
+    if c.dataset_name not in BUILT_IN_TASKS + DATASET_LAYOUTS + sources.MATH_SUBJECTS:
         fail(
-            f"unknown dataset_name {c.dataset_name!r}; expected 'arithmetic', a layout {DATASET_LAYOUTS} or a MATH "
+            f"unknown dataset_name {c.dataset_name!r}; expected a built-in task {BUILT_IN_TASKS}, a layout "
+            f"{DATASET_LAYOUTS} or a MATH "
             f"subject (OpenR's --dataset_name, which keeps that subject's problems) {sources.MATH_SUBJECTS}"
         )
     if c.advantage_whitening not in ("batch", "openr"):
@@ -233,7 +277,7 @@ def validate_settings(config) -> None:
         fail(
             f"unknown value_loss_type {c.value_loss_type!r}; expected one of {update_lib.losses.value.VALUE_LOSS_TYPES}"
         )
-    if c.dataset_name != "arithmetic" and not c.dataset_path:
+    if c.dataset_name not in BUILT_IN_TASKS and not c.dataset_path:
         fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
     if c.prompt_template not in prompts.TEMPLATE_NAMES:
         fail(f"unknown prompt_template {c.prompt_template!r}; expected one of {prompts.TEMPLATE_NAMES}")
@@ -312,6 +356,13 @@ def validate_settings(config) -> None:
                 "steps of a+b / a-b (level 2, any arithmetic.digits): it needs dataset_name='arithmetic', "
                 "arithmetic.levels=2 and "
                 f"step_separator=',' (got {c.dataset_name!r}, {levels}, {c.step_separator!r})"
+            )
+    if "prm" in c.reward_source and c.prm_model_name_or_path == "countdown_steps":
+        if c.dataset_name != "countdown" or c.step_separator != ",":
+            fail(
+                "prm_model_name_or_path='countdown_steps' (countdown's process verifier) scores the steps of a "
+                "countdown derivation: it needs dataset_name='countdown' and step_separator=',' (got "
+                f"{c.dataset_name!r}, {c.step_separator!r})"
             )
     if "prm" in c.reward_source and not c.prm_model_name_or_path:
         fail(f"reward_source={c.reward_source!r} needs --config.prm_model_name_or_path (a local PRM checkpoint)")

@@ -12,6 +12,7 @@ from flax import nnx
 
 from mathrl_jax import files
 from mathrl_jax.data import teacher
+from mathrl_jax.data.countdown import teacher as countdown_teacher
 from mathrl_jax.models import hf
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler
@@ -26,8 +27,10 @@ from mathrl_jax.train.validation import fail
 class WarmStartSettings:
     """The supervised warm-start's section of the run's settings (made by the build): `steps` optimizer steps
     (0: none) of `batch_size` examples at `lr` after `warmup_steps`, on the teacher's worked solutions
-    (`targets="teacher"`, each carry dropped with probability `slip_rate`) or the bare boxed answers ("answer");
-    the model at `param_dtype` / `dtype`, its prompts as the RL's."""
+    (`targets="teacher"`: the arithmetic teacher, each carry dropped with probability `slip_rate`, or with
+    `teacher="countdown"` the countdown teacher, `data/countdown/teacher.py`, its last operator slipping with that
+    probability) or the bare boxed answers ("answer"); the model at `param_dtype` / `dtype`, its prompts as the
+    RL's."""
 
     steps: int
     prompts: PromptSettings
@@ -41,12 +44,16 @@ class WarmStartSettings:
     param_dtype: str = "float32"
     dtype: str = "float32"
     progress: bool = True
-    # In the record: a multi-turn run's game (env, options, prompts, games), the column chain's arithmetic.digits
+    # In the record: a multi-turn run's game (env, options, prompts, games), the column chain's arithmetic.digits,
+    # countdown's dataset_name and instance settings
     task: Tuple[Tuple[str, Any], ...] = ()
+    teacher: str = "arithmetic"  # whose worked solutions: "arithmetic" (data/teacher.py) or "countdown"
 
     def __post_init__(self):
         if self.targets not in ("teacher", "answer"):
             raise ValueError(f"unknown warmstart.targets {self.targets!r}; expected 'teacher' or 'answer'")
+        if self.teacher not in ("arithmetic", "countdown"):
+            raise ValueError(f"unknown teacher {self.teacher!r}; expected 'arithmetic' or 'countdown'")
         if self.steps < 0 or self.batch_size < 1 or not self.lr > 0 or not 0.0 <= self.slip_rate <= 1.0:
             raise ValueError(
                 f"warmstart.steps={self.steps}, batch_size={self.batch_size}, lr={self.lr}, slip_rate="
@@ -61,11 +68,16 @@ class WarmStartSettings:
 
 
 def warmstart_examples(settings: WarmStartSettings, codec: TextCodec, problems) -> List[sft.Example]:
-    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`), or the bare
-    boxed answers. Prompts are the RL prompts (the same template), targets end with EOS."""
+    """(prompt ids, target ids) of the warm-start: the teacher's worked solutions (`data/teacher.py`, or
+    `data/countdown/teacher.py`), or the bare boxed answers. Prompts are the RL prompts (the same template),
+    targets end with EOS."""
     prompt_ids = encode_prompts(settings.prompts, codec, problems)
     if settings.targets == "answer":
         targets = [sft.BOXED_COMPLETION.format(answer=p.answer) for p in problems]
+    elif settings.teacher == "countdown":
+        targets = countdown_teacher.teacher_solutions(
+            [p.question for p in problems], slip_rate=settings.slip_rate, seed=settings.seed
+        )
     else:
         targets = teacher.teacher_solutions(
             [p.question for p in problems],

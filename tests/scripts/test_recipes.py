@@ -59,8 +59,8 @@ def command_of(recipe_commands, name, run_dir, *extra):
 
 # The offline configs need no stand-ins (the tiny model is written by the run): the default is the README's main
 # job (tests/scripts/test_train_cli.py), the game is run by tests/train/test_learning.py (slow), the column chain's
-# documented commands by tests/test_docs.py.
-OFFLINE = ("default.py", "guess_number_tiny.py", "column_chain.py")
+# and countdown's documented commands by tests/test_docs.py (countdown also by tests/scripts/test_countdown_cli.py).
+OFFLINE = ("default.py", "guess_number_tiny.py", "column_chain.py", "countdown.py")
 RECIPES = sorted(f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py") and f not in ("__init__.py", *OFFLINE))
 
 
