@@ -21,7 +21,7 @@ digit count drawn first, uniformly. Expressions are random binary trees (operato
 uniform over the level's), printed with only the parentheses their value needs
 under the usual precedence (`*` before `+ -`, left to right).
 
-Randomness is a counter-based hash (BLAKE2b of seed, split, index, attempt), not a
+Randomness is a counter-based hash (BLAKE2b of seed, split, index, attempt: `data/hashing.py`), not a
 library RNG: the same arguments give the same problems on every platform and
 Python / numpy version, and the first k of n problems are the k problems drawn
 with n = k (problem i depends on the arguments and, under `unique`, on problems < i).
@@ -34,9 +34,9 @@ training problems from the "train" stream, skipping every evaluation question.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Iterable, Sequence
 
+from mathrl_jax.data.hashing import HashStream
 from mathrl_jax.data.sources import Problem
 
 DEFAULT_QUESTION_FORMAT = "What is {expr}?"
@@ -76,34 +76,17 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class _HashStream:
-    """Integers from BLAKE2b(key, counter): deterministic everywhere."""
-
-    def __init__(self, key: str):
-        self._key = key.encode()
-        self._counter = 0
-
-    def integer(self, low: int, high: int) -> int:
-        """Uniform (up to a 2^-64 bias) in [low, high]."""
-        digest = hashlib.blake2b(self._key + b"/" + str(self._counter).encode(), digest_size=8).digest()
-        self._counter += 1
-        return low + int.from_bytes(digest, "little") % (high - low + 1)
-
-    def choice(self, options: Sequence):
-        return options[self.integer(0, len(options) - 1)]
-
-
 # An expression tree: an int leaf, or (op, left, right).
 _Tree = int | tuple[str, "_Tree", "_Tree"]
 
 
-def _operand(stream: _HashStream, spec: ArithmeticLevel) -> int:
+def _operand(stream: HashStream, spec: ArithmeticLevel) -> int:
     digits = stream.integer(*spec.digits)
     low = 0 if digits == 1 else 10 ** (digits - 1)
     return stream.integer(low, 10**digits - 1)
 
 
-def _tree(stream: _HashStream, spec: ArithmeticLevel, terms: int) -> _Tree:
+def _tree(stream: HashStream, spec: ArithmeticLevel, terms: int) -> _Tree:
     if terms == 1:
         return _operand(stream, spec)
     left_terms = stream.integer(1, terms - 1)
@@ -162,12 +145,12 @@ def _draw(
 ) -> tuple[int, str, int]:
     """(level, expression, value) of one draw; `digits` != 2: level 2's operands have that many digits."""
     key = f"arithmetic/{seed}/{split}/{index}/{attempt}"
-    level = _HashStream(key).choice(levels)
+    level = HashStream(key).choice(levels)
     spec = LEVELS[level]
     if digits == 2:  # one stream per level: levels do not share operands
-        stream = _HashStream(f"{key}/level{level}")
+        stream = HashStream(f"{key}/level{level}")
     else:  # and one per length: the column chain at d digits shares no draws with another length's
-        stream = _HashStream(f"{key}/level{level}/digits{digits}")
+        stream = HashStream(f"{key}/level{level}/digits{digits}")
         spec = dataclasses.replace(spec, digits=(digits, digits))
     tree = _tree(stream, spec, stream.integer(*spec.terms))
     return level, render(tree), evaluate(tree)

@@ -94,11 +94,16 @@ def test_deterministic_prefix_stable_and_seed_and_split_dependent():
     assert _problems(1, 3)[0].solution == "3*6=18,18-7=11,\\boxed{11}"
 
 
-def test_hash_stream_is_the_arithmetic_tasks_stream():
-    from mathrl_jax.data import arithmetic
+def test_hash_stream_is_blake2b_of_key_and_counter():
+    """The stream both procedural tasks draw from (data/arithmetic.py too), pinned to its formula."""
+    import hashlib
 
-    ours, theirs = HashStream("k/1"), arithmetic._HashStream("k/1")
-    assert [ours.integer(0, 99) for _ in range(20)] == [theirs.integer(0, 99) for _ in range(20)]
+    stream = HashStream("k/1")
+    for counter in range(20):
+        digest = hashlib.blake2b(f"k/1/{counter}".encode(), digest_size=8).digest()
+        assert stream.integer(3, 99) == 3 + int.from_bytes(digest, "little") % 97
+    with pytest.raises(ValueError, match="empty range"):
+        stream.integer(2, 1)
 
 
 def test_train_eval_disjoint_and_eval_unique():
