@@ -7,7 +7,7 @@ same arguments give the same problems everywhere, and problem i does not depend 
     stream = HashStream("countdown/0/train/7/0")
     stream.integer(1, 9), stream.choice("+-*")
 
-This is the arithmetic task's stream (`data/arithmetic.py`), draw for draw: the same key gives the same integers.
+The arithmetic task (`data/arithmetic.py`) and countdown (`data/countdown/`) draw from it.
 """
 
 from __future__ import annotations
