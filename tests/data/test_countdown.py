@@ -193,6 +193,7 @@ def test_subtraction_and_a_repeated_number():
         ("07*3=21,21+5=26,\\boxed{26}", 0, "is not a step"),  # leading zeros
         ("7*3=21,21+5=26,The answer is \\boxed{26}", 2, "is not a step"),
         ("3-7=-4,-4*5=..,\\boxed{26}", 0, "is not a step"),  # a negative intermediate
+        ("1" * 5000 + "*3=21,21+5=26,\\boxed{26}", 0, "is not a step"),  # a runaway number, refused, not raised
     ],
 )
 def test_wrong_derivations_are_refused(response, wrong_piece, reason):

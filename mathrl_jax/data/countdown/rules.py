@@ -8,10 +8,10 @@ target, and every given number must have been used exactly once (an intermediate
 
 The format, exactly (a response is split at ","):
 
-- a step is `a<op>b=c`: non-negative decimal integers without leading zeros (`0` itself is allowed), no spaces,
-  `<op>` one of `+ - *`, with `c` the exact value of `a<op>b`. Each operand is a number available at that point
-  (a given number not yet used, or an earlier step's result not yet used); a number given twice may be used
-  twice. Either order of `+` / `*` operands is fine.
+- a step is `a<op>b=c`: non-negative decimal integers without leading zeros (`0` itself is allowed; at most
+  `MAX_DIGITS` digits), no spaces, `<op>` one of `+ - *`, with `c` the exact value of `a<op>b`. Each operand is
+  a number available at that point (a given number not yet used, or an earlier step's result not yet used); a
+  number given twice may be used twice. Either order of `+` / `*` operands is fine.
 - intermediate results are never negative (the classic game's rule): `a-b` needs `a >= b` (`3-7=-4` is not a
   step). Every instance generated has a solution within this rule (`solvable`).
 - there are exactly (count of numbers - 1) steps, then the last piece, `\\boxed{t}`, the target. Nothing follows.
@@ -42,8 +42,12 @@ MIN_NUMBERS, MAX_NUMBERS = 3, 6
 OPS = ("+", "-", "*")
 SEPARATOR = ","  # between the pieces of a derivation: the steps, then the boxed target
 
-_INSTANCE = re.compile(r"^([0-9]+(?:,[0-9]+)+)->([0-9]+):?$")
-_NUMBER = r"(0|[1-9][0-9]*)"
+MAX_DIGITS = 30
+"""The longest number a step may write: no derivation of these sizes comes near it (6 numbers of 99 multiply to
+12 digits), and it keeps a runaway response from turning a 5,000-digit string into an int (which Python refuses)."""
+
+_INSTANCE = re.compile(rf"^([0-9]{{1,{MAX_DIGITS}}}(?:,[0-9]{{1,{MAX_DIGITS}}})+)->([0-9]{{1,{MAX_DIGITS}}}):?$")
+_NUMBER = rf"(0|[1-9][0-9]{{0,{MAX_DIGITS - 1}}})"
 _STEP = re.compile(rf"^{_NUMBER}([+*-]){_NUMBER}={_NUMBER}$")
 _BOXED = re.compile(rf"^\\boxed\{{{_NUMBER}\}}$")
 
@@ -185,38 +189,46 @@ def step_checks(instance: Instance, pieces: Sequence[str]) -> list[PieceCheck]:
     return out
 
 
+def _show(piece: str) -> str:
+    """A piece as a reason quotes it: its repr, cut to 40 characters."""
+    text = repr(piece)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _check_piece(instance: Instance, pool: Counter, piece: str, finished: bool) -> PieceCheck:
     """Checks one piece against the available numbers `pool`, which it updates (a step takes its operands and adds
     its result)."""
     if finished:
-        return PieceCheck(False, False, f"{piece!r} follows the boxed answer")
+        return PieceCheck(False, False, f"{_show(piece)} follows the boxed answer")
     found = _BOXED.match(piece)
     if found:
         value = int(found.group(1))
         left = sorted(pool.elements())
         if len(left) != 1:
-            return PieceCheck(False, False, f"{piece!r} with numbers {left} still to combine")
+            return PieceCheck(False, False, f"{_show(piece)} with numbers {left} still to combine")
         if left[0] != instance.target:
             return PieceCheck(True, False, f"the steps end at {left[0]}, not the target {instance.target}")
         if value != instance.target:
-            return PieceCheck(False, False, f"{piece!r} boxes {value}, not the target {instance.target}")
+            return PieceCheck(False, False, f"{_show(piece)} boxes {value}, not the target {instance.target}")
         return PieceCheck(True, True)
     found = _STEP.match(piece)
     if found is None:
-        return PieceCheck(False, False, f"{piece!r} is not a step 'a+b=c' (or '-', '*') nor '\\boxed{{target}}'")
+        return PieceCheck(False, False, f"{_show(piece)} is not a step 'a+b=c' (or '-', '*') nor '\\boxed{{target}}'")
     a, op, b, c = int(found.group(1)), found.group(2), int(found.group(3)), int(found.group(4))
     operands = Counter((a, b))
     missing = operands - pool
     if missing:
-        return PieceCheck(False, False, f"{piece!r} uses {sorted(missing.elements())}, not available {sorted(pool)}")
+        return PieceCheck(
+            False, False, f"{_show(piece)} uses {sorted(missing.elements())}, not available {sorted(pool)}"
+        )
     value = apply(a, op, b)
     if value != c:
-        return PieceCheck(False, False, f"{piece!r} is wrong: {a}{op}{b} is {value}")
+        return PieceCheck(False, False, f"{_show(piece)} is wrong: {a}{op}{b} is {value}")
     pool.subtract(operands)
     pool += Counter()  # drops the zero counts
     pool[c] += 1
     if instance.target not in reachable(list(pool.elements())):
-        return PieceCheck(True, False, f"after {piece!r} the target {instance.target} cannot be reached")
+        return PieceCheck(True, False, f"after {_show(piece)} the target {instance.target} cannot be reached")
     return PieceCheck(True, True)
 
 
@@ -251,5 +263,5 @@ def check_derivation(instance: Instance, response: str) -> Verdict:
         if not check.good:
             return Verdict(False, answer, check.reason, index)
     if not _BOXED.match(pieces[-1].strip()):  # every piece good but no boxed piece: cannot happen, kept as a guard
-        return Verdict(False, answer, f"the last piece {pieces[-1]!r} is not {boxed(instance.target)}")
+        return Verdict(False, answer, f"the last piece {_show(pieces[-1])} is not {boxed(instance.target)}")
     return Verdict(True, answer)
