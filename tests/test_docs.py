@@ -197,7 +197,8 @@ def test_the_countdown_block_is_three_runs_of_its_config():
 
 @pytest.mark.parametrize(
     "index",
-    [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)],
+    # All slow: tests/scripts/test_countdown_cli.py runs the config end to end in the default set.
+    [pytest.param(i, marks=pytest.mark.slow) for i in range(3)],
     ids=["grpo", "control", "tppo"],
 )
 def test_the_countdown_commands_run(index, one_layer_model, tmp_path):
