@@ -144,6 +144,27 @@ def one_layer_model(tmp_path_factory):
     return directory
 
 
+def run_tiny_testbed_command(command, tiny_overrides, model, tmp_path):
+    """Runs a docs/testbed.md `train.py` line made tiny (`tiny_overrides`, a one-layer `model`) and checks what every
+    testbed run writes: the warm-start's evaluation, both held-out sets at steps 0 and 1, pass@2 of the harder one.
+    Returns the run directory."""
+    import json
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    run_dir = tmp_path / "run"
+    overrides = [*tiny_overrides, f"--config.model_name_or_path={model}", f"--config.run_dir={run_dir}"]
+    done = subprocess.run(
+        [sys.executable, *command[1:], *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("warmstart/eval_accuracy_after" in m for m in metrics)
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 1] and all("eval_hard/accuracy" in m for m in evals)
+    assert "eval_hard/pass@2" in evals[-1]
+    return run_dir
+
+
 @pytest.mark.parametrize(
     "index",
     [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)],
@@ -154,19 +175,7 @@ def test_the_column_chain_commands_run(index, one_layer_model, tmp_path):
     solutions, RL, both held-out sets evaluated), made tiny by `TINY_COLUMN_CHAIN` and a one-layer model."""
     import json
 
-    command = column_chain_commands()[index]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    run_dir = tmp_path / "run"
-    overrides = [*TINY_COLUMN_CHAIN, f"--config.model_name_or_path={one_layer_model}", f"--config.run_dir={run_dir}"]
-    done = subprocess.run(
-        [sys.executable, *command[1:], *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any("warmstart/eval_accuracy_after" in m for m in metrics)
-    evals = [m for m in metrics if "eval/accuracy" in m]
-    assert [m["step"] for m in evals] == [0, 1] and all("eval_hard/accuracy" in m for m in evals)
-    assert "eval_hard/pass@2" in evals[-1]
+    run_dir = run_tiny_testbed_command(column_chain_commands()[index], TINY_COLUMN_CHAIN, one_layer_model, tmp_path)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["arithmetic"]["digits"] + 2 == config["arithmetic"]["eval_digits"]
     record = json.loads((run_dir / "warmstart_model" / "mathrl_jax_warmstart.json").read_text())
@@ -206,19 +215,7 @@ def test_the_countdown_commands_run(index, one_layer_model, tmp_path):
     graded by the derivation, both held-out sets evaluated), made tiny by `TINY_COUNTDOWN` and a one-layer model."""
     import json
 
-    command = countdown_commands()[index]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    run_dir = tmp_path / "run"
-    overrides = [*TINY_COUNTDOWN, f"--config.model_name_or_path={one_layer_model}", f"--config.run_dir={run_dir}"]
-    done = subprocess.run(
-        [sys.executable, *command[1:], *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any("warmstart/eval_accuracy_after" in m for m in metrics)
-    evals = [m for m in metrics if "eval/accuracy" in m]
-    assert [m["step"] for m in evals] == [0, 1] and all("eval_hard/accuracy" in m for m in evals)
-    assert "eval_hard/pass@2" in evals[-1]
+    run_dir = run_tiny_testbed_command(countdown_commands()[index], TINY_COUNTDOWN, one_layer_model, tmp_path)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["dataset_name"] == "countdown"
     assert config["countdown"]["count"] + 1 == config["countdown"]["eval_count"]
