@@ -11,10 +11,12 @@ A mode this machine lacks is skipped with the reason.
 """
 
 import dataclasses
+import os
 
 import pytest
 
 from mathrl_jax.envs import sandbox
+from mathrl_jax.envs.sandbox import child  # the entry script, whose path the processes run
 
 AVAILABLE = sandbox.detect_isolation()
 NO_NAMESPACES = dataclasses.replace(AVAILABLE, namespaces=False)
@@ -50,3 +52,18 @@ def run_python(code, limits=sandbox.SandboxLimits(), **kwargs):  # noqa: B008 - 
     if isinstance(isolation, sandbox.Isolation) and not isolation.contains:
         kwargs.setdefault("allow_not_a_sandbox", True)
     return sandbox.run_python(code, limits, **kwargs)
+
+
+def sandbox_processes():
+    """Pids of processes running the sandbox's entry script (any leftover would show here)."""
+    script = os.path.abspath(child.__file__).encode()
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if script in f.read():
+                        pids.add(int(entry))
+            except OSError:
+                pass
+    return pids

@@ -20,7 +20,7 @@ import pytest
 
 from mathrl_jax.envs.sandbox import Isolation, SandboxLimits, detect_isolation
 from mathrl_jax.envs.sandbox import child as sandbox  # the entry script, whose path the tests look for
-from tests.envs.sandbox_modes import AUDIT_ONLY, AVAILABLE, run_python
+from tests.envs.sandbox_modes import AUDIT_ONLY, AVAILABLE, run_python, sandbox_processes
 
 CLEANUP_S = 10.0  # a stopped run's kill and reaping, on a loaded machine: a hang would take far longer (60 s sleeps)
 TIGHT = SandboxLimits(
@@ -43,21 +43,6 @@ needs_kernel_confinement = pytest.mark.skipif(
 @pytest.fixture(params=MODES)
 def isolation(request):
     return request.param
-
-
-def sandbox_processes():
-    """Pids of processes running the sandbox's entry script (any leftover would show here)."""
-    script = os.path.abspath(sandbox.__file__).encode()
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if script in f.read():
-                        pids.add(int(entry))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 from mathrl_jax.envs.sandbox import SandboxLimits, detect_isolation
 from mathrl_jax.envs.sandbox import landlock as sandbox_landlock
-from tests.envs.sandbox_modes import ALL_MODES, AUDIT_ONLY, AVAILABLE, CONTAINED_MODES, run_python
+from tests.envs.sandbox_modes import ALL_MODES, AUDIT_ONLY, AVAILABLE, CONTAINED_MODES, run_python, sandbox_processes
 
 MODES = ALL_MODES
 LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=5, max_output_bytes=1 << 16)
@@ -546,34 +546,19 @@ time.sleep(60)
 """
 
 
-def _sandbox_processes():
-    """Pids of the processes running the sandbox's entry script (the supervisor and the program's process)."""
-    from mathrl_jax.envs.sandbox import child
-
-    pids = set()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if entry.isdigit() and child.__file__.encode() in f.read():
-                    pids.add(int(entry))
-        except OSError:
-            pass
-    return pids
-
-
 def test_no_process_outlives_the_time_limit(isolation):
     """A program that left its process group (`setsid`), cleared its parent-death signal and ignored SIGTERM
     was still alive after `run_python` returned `timeout` (hook only, Landlock only), reparented to pid 1.
     Every mode, the one that is not a sandbox included (with the hook switched off there too)."""
     import time
 
-    before = _sandbox_processes()
+    before = sandbox_processes()
     result = run_python(HOOK_OFF + SURVIVOR, SandboxLimits(wall_time_s=3.0, cpu_time_s=5), isolation=isolation)
     assert result.status == "timeout" and "sleeping" in result.stdout, (result.status, result.stderr[-600:])
     deadline = time.monotonic() + 5.0
-    while _sandbox_processes() - before and time.monotonic() < deadline:
+    while sandbox_processes() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_processes() - before == set()
+    assert sandbox_processes() - before == set()
 
 
 THREADS = """
