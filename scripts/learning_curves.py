@@ -52,6 +52,8 @@ most 0.5/sqrt(held-out problems), one standard deviation (500 problems: +-2.2 po
 from __future__ import annotations
 
 import argparse
+import fcntl
+import importlib.util
 import json
 import math
 import os
@@ -73,11 +75,14 @@ OWN_KEYS = ("run_dir", "seed", "shuffle_rewards")
 SHARED_MODELS = ("initial_model", "warmstart_model")
 STDERR_TAIL_LINES = 40
 GAME_CONFIG = os.path.join(ROOT, "mathrl_jax", "configs", "guess_number_tiny.py")
+PROCESS_VERIFIER = "{process_verifier}"  # in a row's flags: the task's rule-based process verifier (below)
 PROCESS_REWARDS = (
-    "--config.prm_model_name_or_path=arithmetic_steps",  # the offline task's process verifier, where OpenR's PRM sits
+    f"--config.prm_model_name_or_path={PROCESS_VERIFIER}",  # where OpenR's PRM sits
     "--config.reward_source=prm+verifier",
     "--config.step_separator=,",
 )
+# Each offline task's rule-based process verifier (its `prm_model_name_or_path`), by `dataset_name`.
+PROCESS_VERIFIERS = {"arithmetic": "arithmetic_steps", "countdown": "countdown_steps"}
 
 
 LORA = ("--config.lora.rank=16", "--config.lora.alpha=32", "--config.lora.targets=all-linear", "--config.lr=3e-4")
@@ -573,8 +578,14 @@ def load_ledger(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def save_ledger(path: str, ledger: dict[str, Any]) -> None:
-    files.write_json(path, ledger, indent=2)
+def save_ledger(path: str, ledger: dict[str, Any], name: str) -> None:
+    """Records `ledger[name]` in the ledger file at `path`, keeping the entries other sweeps wrote there since
+    this one read it: several sweeps may share an output directory (each its own seeds, e.g. one per core)."""
+    with open(path + ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        on_disk = load_ledger(path)
+        on_disk[name] = ledger[name]
+        files.write_json(path, on_disk, indent=2)
 
 
 def report_progress(name: str, process: subprocess.Popen, run_dir: str, start: float, every_s: float) -> int:
@@ -662,7 +673,7 @@ def run_train(
         print(f"{name}: {run_dir} was made by another command; starting it over", flush=True)
         shutil.rmtree(run_dir)
     ledger[name] = {"command": command, "xla_flags": env.get("XLA_FLAGS"), "seconds": None}  # started
-    save_ledger(os.path.join(out, "runs.json"), ledger)
+    save_ledger(os.path.join(out, "runs.json"), ledger, name)
     if prepare is not None:
         prepare()
     stderr_path = os.path.join(out, "logs", f"{name}.stderr")  # an algorithm row's runs: logs/<row>/seed<k>.stderr
@@ -680,7 +691,7 @@ def run_train(
         print(tail, file=sys.stderr, end="" if tail.endswith("\n") else "\n")
         fail(f"the {name} run ({run_dir}) failed with exit status {status} (its stderr: {stderr_path})")
     ledger[name] = {"command": command, "xla_flags": env.get("XLA_FLAGS"), "seconds": seconds}
-    save_ledger(os.path.join(out, "runs.json"), ledger)
+    save_ledger(os.path.join(out, "runs.json"), ledger, name)
     if plan is not None:
         plan.finish(seconds)
     return seconds
@@ -733,12 +744,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     args = parser.parse_args(own)
     if args.algorithms:
-        if args.config:
-            parser.error("--config and --algorithms: each algorithm row names its own config")
         try:
-            expand_algorithms(args.algorithms)
+            rows = expand_algorithms(args.algorithms)
         except ValueError as error:
             parser.error(str(error))
+        own = [row.name for row in rows if row.config]
+        if args.config and own:
+            parser.error(f"--config and --algorithms {' '.join(own)}: {', '.join(own)} trains on its own config")
     if not args.progress_every_s > 0:
         parser.error(f"--progress-every-s {args.progress_every_s}: expected > 0")
     if len(set(args.seeds)) != len(args.seeds):
@@ -929,9 +941,37 @@ def statistics_text(results: Sequence[tuple[str, Sequence[dict[str, Any]]]], pre
     return f"Per run:\n\n{runs_table(runs)}\nOver seeds:\n\n{summary_table(results)}\n{STATISTICS_NOTE}\n"
 
 
-def task_name(row: AlgorithmRow) -> str:
-    """The task an algorithm row trains on: its config file's name, or "default" (the offline default)."""
-    return os.path.splitext(os.path.basename(row.config))[0] if row.config else "default"
+def task_name(row: AlgorithmRow, config: Optional[str] = None) -> str:
+    """The task an algorithm row trains on: its config file's name, else `config`'s (the sweep's `--config`), or
+    "default" (the offline default)."""
+    path = row.config or config
+    return os.path.splitext(os.path.basename(path))[0] if path else "default"
+
+
+def dataset_name(config: Optional[str], overrides: Sequence[str]) -> str:
+    """The `dataset_name` the runs train on: the last `--config.dataset_name=` override, else the config file's
+    (`config`, or train.py's default)."""
+    for flag in reversed(overrides):
+        if flag.startswith("--config.dataset_name="):
+            return flag.split("=", 1)[1]
+    path = config or os.path.join(ROOT, "mathrl_jax", "configs", "default.py")
+    spec = importlib.util.spec_from_file_location("_learning_curves_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config().dataset_name
+
+
+def row_flags(row: AlgorithmRow, config: Optional[str], overrides: Sequence[str]) -> list[str]:
+    """The row's flags, its process verifier (APPO, TPPO) the one of the task it trains on."""
+    if not any(PROCESS_VERIFIER in flag for flag in row.flags):
+        return list(row.flags)
+    task = dataset_name(row.config or config, overrides)
+    if task not in PROCESS_VERIFIERS:
+        fail(
+            f"{row.name} rewards steps, and dataset_name={task!r} has no rule-based process verifier (tasks with "
+            f"one: {', '.join(PROCESS_VERIFIERS)})"
+        )
+    return [flag.replace(PROCESS_VERIFIER, PROCESS_VERIFIERS[task]) for flag in row.flags]
 
 
 def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, ledger: dict) -> int:
@@ -941,9 +981,10 @@ def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, le
     warmstarts: dict[int, str] = {}  # seed -> the run directory that trained the arithmetic warm-start
     for row in rows:
         base = [TRAIN_SCRIPT]
-        if row.config:
-            base.append(f"--config={row.config}")
-        base += ["--config.progress=False", *row.flags, *overrides]
+        config = row.config or (os.path.abspath(args.config) if args.config else None)
+        if config:
+            base.append(f"--config={config}")
+        base += ["--config.progress=False", *row_flags(row, config, overrides), *overrides]
         seeds = []
         for seed in args.seeds:
             start_from = warmstarts.get(seed) if row.shares_warmstart else None
@@ -966,9 +1007,11 @@ def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, le
                 warmstarts.setdefault(seed, os.path.join(out, row.name, f"seed{seed}"))
         results.append((row, seeds))
     pngs = [plot_algorithms(results, os.path.join(out, "algorithms.png"))]
-    for task in dict.fromkeys(task_name(row) for row, _ in results):  # a figure per task, its rows' mean curves
-        series = [(row.name, [r["run"] for r in seeds]) for row, seeds in results if task_name(row) == task]
-        title = f"{task}: greedy held-out accuracy" + (" (success rate)" if task != "default" else "")
+    tasks = {row.name: task_name(row, args.config) for row, _ in results}
+    for task in dict.fromkeys(tasks.values()):  # a figure per task, its rows' mean curves
+        series = [(row.name, [r["run"] for r in seeds]) for row, seeds in results if tasks[row.name] == task]
+        game = any(row.config for row, _ in results if tasks[row.name] == task)
+        title = f"{task}: greedy held-out accuracy" + (" (success rate)" if game else "")
         pngs.append(plot_mean_curves(series, os.path.join(out, f"mean_curves_{task}.png"), title))
     table = algorithms_table(results, args.margin)
     named = [(row.name, seeds) for row, seeds in results]

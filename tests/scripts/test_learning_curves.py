@@ -218,21 +218,23 @@ def test_overrides_of_the_per_run_keys_are_refused():
     assert args.xla_flags == eigen and args.out == "x" and overrides == []
 
 
-def configured(row, flags=()):
-    """The config train.py would build for an algorithm row: its config file, then each --config.key=value flag
-    applied with the field's type (as ml_collections' command-line flags do)."""
+def configured(row, flags=(), config=None):
+    """The config train.py would build for an algorithm row: its config file (else `config`), then each
+    --config.key=value flag applied with the field's type (as ml_collections' command-line flags do)."""
     import ml_collections
 
     from mathrl_jax.configs import default
 
-    if row.config:
-        spec = importlib.util.spec_from_file_location("row_config", row.config)
+    script = load_script()
+    path = row.config or config
+    if path:
+        spec = importlib.util.spec_from_file_location("row_config", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         config = module.get_config()
     else:
         config = default.get_config()
-    for flag in (*row.flags, *flags):
+    for flag in (*script.row_flags(row, path, flags), *flags):
         key, value = flag.removeprefix("--config.").split("=", 1)
         *parents, name = key.split(".")
         node = config
@@ -277,8 +279,37 @@ def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
         module.expand_algorithms(["chess"])
     with pytest.raises(SystemExit):
         module.parse_args(["--algorithms", "chess"])
-    with pytest.raises(SystemExit):
-        module.parse_args(["--algorithms", "grpo", "--config", "x.py"])
+    with pytest.raises(SystemExit):  # the game's row trains on its own config
+        module.parse_args(["--algorithms", "grpo", "reinforce_rebn", "--config", "x.py"])
+
+
+def test_a_sweep_on_another_task_gives_step_rewards_that_tasks_process_verifier(tmp_path):
+    module = load_script()
+    configs = os.path.join(module.ROOT, "mathrl_jax", "configs")
+    args, _ = module.parse_args(["--algorithms", "grpo", "tppo", "--config", os.path.join(configs, "countdown.py")])
+    assert args.algorithms == ["grpo", "tppo"]
+    tppo, appo, grpo = (module.ROW_BY_NAME[name] for name in ("tppo", "appo", "grpo"))
+    countdown = os.path.join(configs, "countdown.py")
+    for row in (tppo, appo):
+        config = configured(row, [f"--config.run_dir={tmp_path}"], config=countdown)
+        assert (config.dataset_name, config.prm_model_name_or_path) == ("countdown", "countdown_steps")
+        chain = configured(row, config=os.path.join(configs, "column_chain.py"))
+        assert chain.prm_model_name_or_path == "arithmetic_steps"
+    assert module.row_flags(grpo, countdown, []) == list(grpo.flags)
+    assert module.task_name(grpo, countdown) == "countdown" and module.task_name(grpo) == "default"
+    with pytest.raises(SystemExit):  # a task without a process verifier: refused, not rewarded by another's
+        module.row_flags(tppo, countdown, ["--config.dataset_name=gsm8k"])
+
+
+def test_sweeps_sharing_an_output_directory_keep_each_others_ledger_entries(tmp_path):
+    module = load_script()
+    path = str(tmp_path / "runs.json")
+    first, second = module.load_ledger(path), module.load_ledger(path)  # two sweeps, each read the empty ledger
+    first["grpo/seed0"] = {"command": ["a"], "xla_flags": None, "seconds": 1.0}
+    module.save_ledger(path, first, "grpo/seed0")
+    second["grpo/seed3"] = {"command": ["b"], "xla_flags": None, "seconds": 2.0}
+    module.save_ledger(path, second, "grpo/seed3")
+    assert module.load_ledger(path) == {**first, **second}
 
 
 def test_the_algorithms_table_and_plot_on_hand_written_metrics(tmp_path):
