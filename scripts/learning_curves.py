@@ -179,7 +179,8 @@ def read_run(run_dir: str) -> dict[str, Any]:
     `turns_start`, `turns_end` (a multi-turn run's turns per held-out game); `fit` (`stats.fit_saturating_curve`
     of the curve, C = the RL iteration; None without a curve); `entropy_end` (train/entropy_loss),
     `response_length_end` (rollout/response_length, sampled) at the last iteration that logged them,
-    `eval_response_length_end` (eval/response_length, greedy) at the last evaluation; `warmstart_before`,
+    `eval_response_length_end` (eval/response_length, greedy) at the last evaluation; `hard_start`, `hard_end`,
+    `hard_pass_at_k_end` (the harder held-out split's eval_hard/*, where the config has one); `warmstart_before`,
     `warmstart_after`, `warmstart_seconds`; `num_eval_problems`, `temperature`,
     `shuffle_rewards`, `final_iteration`, `finished` (the last iteration was evaluated). A value the run did not
     log is None.
@@ -220,6 +221,9 @@ def read_run(run_dir: str) -> dict[str, Any]:
         "entropy_end": last_logged("train/entropy_loss"),
         "response_length_end": last_logged("rollout/response_length"),
         "eval_response_length_end": last.get("eval/response_length"),
+        "hard_start": first.get("eval_hard/accuracy"),  # the harder held-out split (eval_digits), greedy
+        "hard_end": last.get("eval_hard/accuracy"),
+        "hard_pass_at_k_end": last.get(f"eval_hard/pass@{k}"),
         "warmstart_before": warm.get("warmstart/eval_accuracy_before"),
         "warmstart_after": warm.get("warmstart/eval_accuracy_after"),
         "warmstart_seconds": warm.get("warmstart/seconds"),
@@ -378,10 +382,20 @@ def _paired_gaps(seeds: Sequence[dict[str, Any]]) -> tuple[list[float], list[flo
     return [g for g, _ in pairs], [c for _, c in pairs]
 
 
+def t_interval(values: Sequence[float]) -> Optional[stats.Interval]:
+    """The Student-t 95% interval of the mean of `values` (None below 2): beside the bootstrap's, which is too
+    narrow at 5 seeds. Of the paired gaps, it is the paired t interval of RL minus control."""
+    return stats.t_mean_interval(values) if len(values) >= 2 else None
+
+
 def interval_cell(interval: Optional[stats.Interval], values: Sequence[float], fmt: str) -> str:
-    """`estimate [low, high]` of an interval; with one value the value alone; with none "-"."""
+    """`estimate [low, high; t low, high]` (the bootstrap interval, then the Student-t one); with one value the
+    value alone; with none "-"."""
     if interval is not None:
-        return f"{interval.estimate:{fmt}} [{interval.low:{fmt}}, {interval.high:{fmt}}]"
+        t = t_interval(values)
+        return (
+            f"{interval.estimate:{fmt}} [{interval.low:{fmt}}, {interval.high:{fmt}}; t {t.low:{fmt}}, {t.high:{fmt}}]"
+        )
     return f"{values[0]:{fmt}}" if values else "-"
 
 
@@ -466,14 +480,14 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_statistics(path: str, results: Sequence[tuple[str, Sequence[dict[str, Any]]]], seed: int = 0) -> str:
-    """`<out>/statistics.json`: per row its `seed_statistics` ({name: {"interval", "values"}}) and its seeds' rows
-    (each run's `read_run` summary: curve, fit, pass@k, entropy, lengths); for tables of one's own."""
+    """`<out>/statistics.json`: per row its `seed_statistics` ({name: {"interval", "t_interval", "values"}}) and
+    its seeds' rows (each run's `read_run` summary: curve, fit, pass@k, entropy, lengths); for tables of one's own."""
     record = {
         "rows": [
             {
                 "name": name,
                 "statistics": {
-                    key: {"interval": interval, "values": values}
+                    key: {"interval": interval, "t_interval": t_interval(values), "values": values}
                     for key, (interval, values) in seed_statistics(seeds, seed).items()
                 },
                 "seeds": list(seeds),

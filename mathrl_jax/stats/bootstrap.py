@@ -12,31 +12,10 @@ tests/stats measure it). Read an interval over 5 seeds as a lower bound on the u
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
-
-class Interval(NamedTuple):
-    """A statistic's value on the data (`estimate`), its bootstrap interval [`low`, `high`] at `confidence`, and
-    the number of values it rests on (`num_values`: the pairs when paired, both groups' values when not)."""
-
-    estimate: float
-    low: float
-    high: float
-    confidence: float
-    num_values: int
-
-
-def _values(name: str, values, minimum: int = 2) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D sequence of numbers, got shape {array.shape}")
-    if array.size < minimum:
-        raise ValueError(f"{name}: {array.size} value(s); a bootstrap interval needs at least {minimum}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name}: expected finite values, got {array.tolist()}")
-    return array
+from mathrl_jax.stats.interval import Interval, checked_values
 
 
 def _check_settings(confidence: float, num_resamples: int) -> None:
@@ -71,7 +50,7 @@ def bootstrap_mean_interval(
     at (1 -+ confidence) / 2 over `num_resamples` draws (module docstring: source, and the small-n caveat).
     Deterministic given `seed` (numpy's default_rng). Raises ValueError with fewer than 2 values, a non-finite
     value, `confidence` outside (0, 1) or `num_resamples` < 100."""
-    x = _values("values", values)
+    x = checked_values("values", values)
     _check_settings(confidence, num_resamples)
     means = _resampled_means(x, num_resamples, np.random.default_rng(seed))
     return _interval(math.fsum(x) / x.size, means, confidence, x.size)
@@ -93,7 +72,7 @@ def bootstrap_difference_interval(
     differences d_i = first[i] - second[i] resampled together, as `bootstrap_mean_interval(d)`, which removes
     what the pair shares (the seed's warm-start, its held-out draw) from the spread. Deterministic given `seed`.
     Raises ValueError as `bootstrap_mean_interval`, and for paired groups of different lengths."""
-    a, b = _values("first", first), _values("second", second)
+    a, b = checked_values("first", first), checked_values("second", second)
     _check_settings(confidence, num_resamples)
     if paired:
         if a.size != b.size:

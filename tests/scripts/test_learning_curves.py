@@ -395,7 +395,8 @@ def sigmoid_records(steps, r0, a, c_mid, b, entropy=None, length=None):
             )  # fmt: skip
         records.append(eval_record(step, round(accuracy, 3)))
     records[-1].update({"eval/pass@1": 0.8, "eval/pass@4": 0.9, "eval/response_length": 17.5})
-    records[0].update({"eval/pass@1": 0.3, "eval/pass@4": 0.5})  # step 0's eval
+    records[-1].update({"eval_hard/accuracy": 0.1, "eval_hard/pass@4": 0.2})  # a harder split, at the last eval
+    records[0].update({"eval/pass@1": 0.3, "eval/pass@4": 0.5, "eval_hard/accuracy": 0.0})  # step 0's eval
     return records
 
 
@@ -421,6 +422,8 @@ def test_fits_pass_at_k_entropy_length_and_the_summary_over_seeds(tmp_path):
     assert run["fit"].midpoint == pytest.approx(5.0, rel=0.05) and run["fit"].exponent == pytest.approx(2.0, rel=0.1)
     assert run["entropy_end"] == pytest.approx(0.5 + 20 / 1000) and run["response_length_end"] == 40.0
     assert run["eval_response_length_end"] == 17.5 and (run["pass_at_k_start"], run["pass_at_k_end"]) == (0.5, 0.9)
+    assert (run["hard_start"], run["hard_end"], run["hard_pass_at_k_end"]) == (0.0, 0.1, 0.2)
+    assert rows[0]["control"]["hard_end"] is None  # a run without the harder split
     assert not rows[0]["control"]["fit"].ok and rows[0]["control"]["fit"].reason.startswith("flat")
 
     text = module.statistics_text([("grpo", rows)], prefix=True)
@@ -440,9 +443,13 @@ def test_fits_pass_at_k_entropy_length_and_the_summary_over_seeds(tmp_path):
     asymptotes = [r["run"]["fit"].asymptote for r in rows]
     assert summary[1] == "3" and summary[5] == "3/3"
     for cell, values, digits in ((summary[2], ends, ".3f"), (summary[3], gains, "+.3f"), (summary[4], gaps, "+.3f")):
-        mean, low, high = (float(x) for x in cell.replace("[", "").replace("]", "").replace(",", "").split())
+        parts = cell.replace("[", "").replace("]", "").replace(",", "").replace(";", "").split(" ")
+        mean, low, high, t_low, t_high = (float(parts[i]) for i in (0, 1, 2, 4, 5))
         assert f"{mean:{digits}}" == f"{np.mean(values):{digits}}"
         assert min(values) - 1e-3 <= low <= mean <= high <= max(values) + 1e-3  # a mean's interval: inside the range
+        t_half = 4.303 * np.std(values, ddof=1) / np.sqrt(3)  # t_{0.975} at 2 degrees of freedom (a printed table)
+        assert t_low == pytest.approx(np.mean(values) - t_half, abs=2e-3)
+        assert t_high == pytest.approx(np.mean(values) + t_half, abs=2e-3)
     assert summary[6].startswith(f"{np.mean(asymptotes):.3f} [")
     one = table_row(module.summary_table([("one", rows[:1])]), "one")
     assert one[2] == f"{ends[0]:.3f}" and one[4] == f"{gaps[0]:+.3f}"  # one seed: the value, no interval
