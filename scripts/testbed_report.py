@@ -246,12 +246,16 @@ def predictions(long: dict[str, list], short: dict[str, list]) -> list[Verdict]:
     return verdicts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--long", required=True, help="the sweep at horizon H (its --out directory)")
     parser.add_argument("--short", required=True, help="the sweep at horizon 2 (its --out directory)")
     parser.add_argument("--markdown", help="also write the report here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     long, short = load_sweep(args.long), load_sweep(args.short)
     verdicts = predictions(long, short)
     text = (

@@ -92,3 +92,21 @@ def test_a_missing_sweep_is_one_line_and_exit_2(tmp_path):
         text=True,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "statistics.json" in result.stderr
+
+
+def test_the_report_commands_the_docs_show_parse():
+    """Every `testbed_report.py ...` command in docs/ and the README is accepted by the script's parser (its runs
+    need the sweeps, hours: the tests above run it on hand-made ones)."""
+    import glob
+    import re
+    import shlex
+
+    module = load_report()
+    shown = []
+    for path in [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md"))]:
+        with open(path, encoding="utf-8") as f:
+            shown += re.findall(r"(?:^|`)python scripts/testbed_report\.py([^`\n]*)", f.read(), flags=re.M)
+    assert shown, "docs/testbed.md shows the report's command"
+    for arguments in shown:
+        args = module.parse_args(shlex.split(arguments))
+        assert args.long and args.short
