@@ -458,8 +458,9 @@ def summary_table(results: Sequence[tuple[str, Sequence[dict[str, Any]]]], seed:
 
 
 STATISTICS_NOTE = (
-    "Over seeds: mean [95% percentile bootstrap interval] (10,000 resamples; with few seeds the interval is too "
-    'narrow, about 84% coverage at 5: mathrl_jax/stats/bootstrap.py); "RL - control gain" is paired by seed. The '
+    "Over seeds: mean [95% percentile bootstrap interval; t: the Student-t 95% interval] (10,000 resamples; "
+    "with few seeds the bootstrap interval is too narrow, about 84% coverage at 5: mathrl_jax/stats/bootstrap.py; "
+    'the t interval covers 95% for normal values); "RL - control gain" is paired by seed. The '
     "fit is ScaleRL's R_0 + (A - R_0) / (1 + (C_mid / C)^B) (Khatri et al. 2025) to a run's greedy held-out "
     "curve against the RL iteration C; A, B and C_mid are averaged over the runs whose fit is ok (a failed fit "
     "says why in the per-run table: too few evaluations, a flat curve, a rise over before the first evaluation)."
@@ -998,7 +999,8 @@ def run_algorithms(args, overrides: list[str], env: dict[str, str], out: str, le
         config = row.config or (os.path.abspath(args.config) if args.config else None)
         if config:
             base.append(f"--config={config}")
-        base += ["--config.progress=False", *row_flags(row, config, overrides), *overrides]
+        row = row._replace(flags=tuple(row_flags(row, config, overrides)))  # as run: the table shows them
+        base += ["--config.progress=False", *row.flags, *overrides]
         seeds = []
         for seed in args.seeds:
             start_from = warmstarts.get(seed) if row.shares_warmstart else None
