@@ -70,7 +70,7 @@ def mean_gap(values: Sequence[float]) -> Gap:
 
 
 def per_seed(seeds: list[dict[str, Any]], value: Callable[[dict[str, Any]], Optional[float]]) -> dict[int, float]:
-    return {r["seed"]: value(r) for r in seeds if value(r) is not None}
+    return {r["seed"]: v for r in seeds if (v := value(r)) is not None}
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> Gap:

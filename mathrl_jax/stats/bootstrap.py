@@ -15,12 +15,11 @@ import math
 
 import numpy as np
 
-from mathrl_jax.stats.interval import Interval, checked_values
+from mathrl_jax.stats.interval import Interval, check_confidence, checked_values
 
 
 def _check_settings(confidence: float, num_resamples: int) -> None:
-    if not (isinstance(confidence, float | int) and 0 < confidence < 1):
-        raise ValueError(f"confidence={confidence!r}: expected a number in (0, 1)")
+    check_confidence(confidence)
     if isinstance(num_resamples, bool) or not isinstance(num_resamples, int) or num_resamples < 100:
         raise ValueError(f"num_resamples={num_resamples!r}: expected an int >= 100")
 

@@ -30,3 +30,9 @@ def checked_values(name: str, values, minimum: int = 2) -> np.ndarray:
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name}: expected finite values, got {array.tolist()}")
     return array
+
+
+def check_confidence(confidence: float) -> None:
+    """ValueError unless `confidence` is a number in (0, 1)."""
+    if not (isinstance(confidence, float | int) and 0 < confidence < 1):
+        raise ValueError(f"confidence={confidence!r}: expected a number in (0, 1)")

@@ -20,12 +20,7 @@ import math
 import numpy as np
 from scipy import stats as scipy_stats
 
-from mathrl_jax.stats.interval import Interval, checked_values
-
-
-def _check_confidence(confidence: float) -> None:
-    if not (isinstance(confidence, float | int) and 0 < confidence < 1):
-        raise ValueError(f"confidence={confidence!r}: expected a number in (0, 1)")
+from mathrl_jax.stats.interval import Interval, check_confidence, checked_values
 
 
 def _interval(estimate: float, standard_error: float, dof: float, confidence: float, n: int) -> Interval:
@@ -38,7 +33,7 @@ def t_mean_interval(values, *, confidence: float = 0.95) -> Interval:
     docstring). Equal values give a point interval. Raises ValueError with fewer than 2 values, a non-finite
     value, or `confidence` outside (0, 1)."""
     x = checked_values("values", values)
-    _check_confidence(confidence)
+    check_confidence(confidence)
     mean = math.fsum(x) / x.size
     return _interval(mean, float(np.std(x, ddof=1)) / math.sqrt(x.size), x.size - 1, confidence, x.size)
 
@@ -48,7 +43,7 @@ def t_difference_interval(first, second, *, paired: bool = False, confidence: fl
     of the differences; unpaired by Welch's unequal-variance interval (module docstring). Raises ValueError as
     `t_mean_interval`, and for paired groups of different lengths."""
     a, b = checked_values("first", first), checked_values("second", second)
-    _check_confidence(confidence)
+    check_confidence(confidence)
     if paired:
         if a.size != b.size:
             raise ValueError(f"paired: first has {a.size} values, second {b.size}; expected one pair per seed")

@@ -41,6 +41,6 @@ def test_one_minibatch_one_epoch_trains_on_policy_every_iteration(
         assert abs(metrics["train/importance_weight_max"] - 1.0) < ROUNDING, (iteration, metrics)
         assert metrics["train/approx_kl"] < ROUNDING, (iteration, metrics)
         assert metrics["train/clip_fraction"] == 0.0, (iteration, metrics)
-    # The policy moved between iterations (else the test above would hold for stale log-probs too).
+    # The runs trained: what they logged changes across iterations (a run that never updated would pass above).
     entropies = np.array([m["train/entropy_loss"] for _, m in history])
     assert np.ptp(entropies) > 10 * ROUNDING, entropies
