@@ -85,6 +85,8 @@ PROCESS_REWARDS = (
 PROCESS_VERIFIERS = {"arithmetic": "arithmetic_steps", "countdown": "countdown_steps"}
 
 
+STALE8 = ("--config.algorithm_name=grpo", "--config.max_head_offpolicyness=8")
+NOISE07 = ("--config.algorithm_name=grpo", "--config.sampler_logprob_noise=0.07")
 LORA = ("--config.lora.rank=16", "--config.lora.alpha=32", "--config.lora.targets=all-linear", "--config.lr=3e-4")
 
 
@@ -124,6 +126,14 @@ ROWS = (
     AlgorithmRow(
         "appo_lora", ("--config.algorithm_name=appo", *PROCESS_REWARDS, *LORA, "--config.lora.share_critic_base=True")
     ),
+    # The testbed's stress knobs (docs/testbed.md): rollouts 8 versions stale, trained by AReaL's decoupled loss,
+    # by naive PPO (clipped around the behaviour policy, whose log-probs the sampler reported) or by GRPO with
+    # truncated importance sampling; and sampler log-probs off by 0.07 nats a token, under naive PPO or TIS.
+    AlgorithmRow("async_ppo_staleness8", ("--config.algorithm_name=async_ppo", "--config.max_head_offpolicyness=8")),
+    AlgorithmRow("stale8_naive", (*STALE8, "--config.old_logprobs=sampler")),
+    AlgorithmRow("stale8_tis", (*STALE8, "--config.tis_cap=2.0")),
+    AlgorithmRow("noise07_naive", (*NOISE07, "--config.old_logprobs=sampler")),
+    AlgorithmRow("noise07_tis", (*NOISE07, "--config.tis_cap=2.0")),
 )
 ALGORITHM_ROWS = {
     "grpo": ("grpo",),
@@ -140,6 +150,8 @@ ALGORITHM_ROWS = {
 """An algorithm's rows (`--algorithms NAME`): each of `mathrl_jax.train.algorithms.NAMES` has at least one."""
 VARIANT_ROWS = ("grpo_lora", "appo_lora")
 """Rows beyond the algorithms' own (`--algorithms all` or by row name): an algorithm under another setting."""
+STRESS_ROWS = ("async_ppo_staleness8", "stale8_naive", "stale8_tis", "noise07_naive", "noise07_tis")
+"""The testbed's stress rows (`--algorithms stress` or by row name; not in `all`): staleness and log-prob noise."""
 ROW_BY_NAME = {row.name: row for row in ROWS}
 
 
@@ -932,13 +944,15 @@ def expand_algorithms(names: Sequence[str]) -> list[AlgorithmRow]:
     wanted = set()
     for name in names:
         if name == "all":
-            wanted.update(ROW_BY_NAME)
+            wanted.update(row for row in ROW_BY_NAME if row not in STRESS_ROWS)
+        elif name == "stress":
+            wanted.update(STRESS_ROWS)
         elif name in ALGORITHM_ROWS:
             wanted.update(ALGORITHM_ROWS[name])
         elif name in ROW_BY_NAME:
             wanted.add(name)
         else:
-            known = ", ".join(["all", *ALGORITHM_ROWS, *(r for r in ROW_BY_NAME if r not in ALGORITHM_ROWS)])
+            known = ", ".join(["all", "stress", *ALGORITHM_ROWS, *(r for r in ROW_BY_NAME if r not in ALGORITHM_ROWS)])
             raise ValueError(f"--algorithms {name}: unknown; expected some of {known}")
     return [row for row in ROWS if row.name in wanted]
 

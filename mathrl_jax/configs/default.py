@@ -227,7 +227,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.dapo = ml_collections.ConfigDict(
         {"success_rate_lb": 0.0, "success_rate_ub": 1.0, "overlong_buffer_len": 0, "overlong_penalty_factor": 1.0}
     )
-    config.max_head_offpolicyness = 0  # async_ppo: how many versions a rollout may lag
+    # async_ppo: how many versions a rollout may lag. Any other single-turn algorithm at > 0 trains on rollouts
+    # sampled exactly that many versions behind (after the first few), the testbed's staleness knob: old log-probs
+    # recomputed by the trainer, or with old_logprobs="sampler" the behaviour policy's (naive PPO), or tis_cap.
+    config.max_head_offpolicyness = 0
+    # The testbed's mismatch knob: Gaussian noise of this many nats (standard deviation) added to the sampler's
+    # log-prob of every sampled token, as a sampler whose kernels disagree with the trainer's would report them.
+    # Only what reads the sampler's log-probs feels it: old_logprobs="sampler", tis_cap, async_ppo's behaviour.
+    config.sampler_logprob_noise = 0.0
     config.behaviour_weight_cap = placeholder(float)
     # Truncated importance sampling (TIS) against the sampler-trainer mismatch: each token's policy loss weighted by
     # min(pi_trainer / pi_sampler, tis_cap) (losses.truncated_importance_weights). None = off; 2.0 = verl's / TRL's.

@@ -287,7 +287,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     update_settings = dict(
         critic_graphdef=critic_graphdef,
         critic_shares_base=critic_frozen is not None,
-        donate=not algorithm.decoupled,
+        donate=not sections.runs_ahead(config),
         state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
     )
     update = update_lib.make_update_fn(
@@ -341,7 +341,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     rollouts = RolloutMaker(
         sections.rollout_settings(config), sampler, codec, loader, grader, reward_fn, functions, prm
     )
-    source_kind = "env" if config.env_name else "async" if algorithm.decoupled else "sync"
+    source_kind = "env" if config.env_name else "async" if sections.runs_ahead(config) else "sync"
     return Run(
         settings=sections.run_settings(config),
         graphdef=graphdef,

@@ -28,6 +28,8 @@ class RolloutSettings:
     grade: the verifier scores the responses (not with reward functions alone).
     step_separator: where a completion's reasoning steps end (the PRM's steps).
     episode_length: turns per episode (multi-turn environments).
+    logprob_noise: nats (standard deviation) of Gaussian noise added to the sampler's log-prob of every sampled
+      token (`with_logprob_noise`); 0: none.
     """
 
     prompts_per_iteration: int
@@ -37,6 +39,7 @@ class RolloutSettings:
     grade: bool = True
     step_separator: str = "\n"
     episode_length: int = 1
+    logprob_noise: float = 0.0
 
     def __post_init__(self):
         if self.prompts_per_iteration < 1 or self.episode_length < 1:
@@ -44,6 +47,8 @@ class RolloutSettings:
                 f"prompts_per_iteration={self.prompts_per_iteration}, episode_length={self.episode_length}: must "
                 "be >= 1"
             )
+        if not self.logprob_noise >= 0:
+            raise ValueError(f"logprob_noise={self.logprob_noise}: must be >= 0 (nats)")
 
     def sampling_at(self, iteration: int) -> SamplingParams:
         """The iteration's `SamplingParams`: the seed a function of (seed, iteration), so a resumed run samples
@@ -120,7 +125,24 @@ def collect(maker: RolloutMaker, iteration: int):
     prompt_ids = encode_prompts(s.prompts, maker.codec, problems)
     params = s.sampling_at(iteration)
     rollouts = maker.sampler.generate(prompt_ids, params)
+    if s.logprob_noise:
+        rollouts = with_logprob_noise(rollouts, s.logprob_noise, seed=params.seed)
     return rollouts, problems, reward(maker, rollouts, prompt_ids, problems, params.n, iteration)
+
+
+def with_logprob_noise(rollouts, nats: float, *, seed: int):
+    """The rollouts with N(0, nats^2) added to the sampler's log-prob of every sampled token (`logprobs` and
+    `policy_logprobs` alike: one disagreement per token, as a sampler whose kernels differ from the trainer's
+    would report). The testbed's stress knob (`sampler_logprob_noise`): what trusts the sampler's numbers (naive
+    PPO's old log-probs, TIS, the decoupled loss's behaviour) sees the noise; a recomputing trainer does not. The
+    draw is a function of the iteration's sampling seed, so a resumed run adds the same noise."""
+    rng = np.random.default_rng(seed)
+    noise = [rng.normal(0.0, nats, len(ids)).astype(np.float32) for ids in rollouts.completion_ids]
+    return dataclasses.replace(
+        rollouts,
+        logprobs=[np.asarray(lp, np.float32) + e for lp, e in zip(rollouts.logprobs, noise)],
+        policy_logprobs=[np.asarray(lp, np.float32) + e for lp, e in zip(rollouts.policy_logprobs, noise)],
+    )
 
 
 def prm_action_rewards(maker: RolloutMaker, rollouts, problems) -> Optional[np.ndarray]:

@@ -97,6 +97,8 @@ def old_logprobs_from_sampler(
     decoupled: bool,
     multi_turn: bool,
     rounded_merge: bool = False,
+    stale: bool = False,
+    logprob_noise: float = 0.0,
 ) -> bool:
     """Whether PPO's old log-probs are the sampler's (`config.old_logprobs`), not recomputed by the trainer.
 
@@ -107,7 +109,10 @@ def old_logprobs_from_sampler(
     rows hold the environment's tokens, and another engine (vLLM) computes them with its own kernels: those
     recompute. So does a LoRA policy the JAX sampler merges into kernels of a compute dtype below float32
     (`rounded_merge`): the merged kernel is rounded as a whole, where the trainer adds the adapters' term to the
-    base's, so their log-probs differ by more than the rounding of one computation.
+    base's, so their log-probs differ by more than the rounding of one computation. Rollouts sampled versions
+    behind the learner (`stale`: `max_head_offpolicyness` > 0) hold the behaviour policy's log-probs, and
+    `sampler_logprob_noise` perturbs them on purpose: those recompute too, unless "sampler" asks for them (naive
+    PPO, clipped around the behaviour policy).
     """
     if old_logprobs != "auto":
         return old_logprobs == "sampler"
@@ -118,7 +123,17 @@ def old_logprobs_from_sampler(
         and not decoupled
         and not multi_turn
         and not rounded_merge
+        and not stale
+        and logprob_noise == 0.0
     )
+
+
+def runs_ahead(config) -> bool:
+    """Whether the rollouts come from the generator thread of `async_loop` (sampled up to
+    `max_head_offpolicyness` versions behind the learner): async_ppo always; any other single-turn algorithm at
+    `max_head_offpolicyness` > 0, the stress knob that shows what staleness does to a loss without the decoupled
+    correction."""
+    return algorithm_of(config).decoupled or config.max_head_offpolicyness > 0
 
 
 def uses_sampler_logprobs(config) -> bool:
@@ -132,6 +147,8 @@ def uses_sampler_logprobs(config) -> bool:
         decoupled=algorithm.decoupled,
         multi_turn=bool(config.env_name),
         rounded_merge=bool(config.lora.rank) and config.jax_sampler.lora_sync == "merged" and config.dtype != "float32",
+        stale=config.max_head_offpolicyness > 0,
+        logprob_noise=config.sampler_logprob_noise,
     )
 
 
@@ -183,6 +200,7 @@ def rollout_settings(config) -> RolloutSettings:
         grade=config.reward_source != "functions",
         step_separator=config.step_separator,
         episode_length=config.episode_length,
+        logprob_noise=config.sampler_logprob_noise,
     )
 
 

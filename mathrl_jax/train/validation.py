@@ -82,6 +82,7 @@ RANGES = (
     ("warmup_steps", 0, math.inf, True),
     ("max_to_keep", 1, math.inf, True),
     ("num_eval_problems", 0, math.inf, True),
+    ("sampler_logprob_noise", 0.0, math.inf, True),
     ("warmstart.batch_size", 1, math.inf, True),
     ("warmstart.steps", 0, math.inf, True),
     ("warmstart.warmup_steps", 0, math.inf, True),
@@ -131,6 +132,7 @@ def validate_values(config) -> None:
         fail(f"arithmetic.levels={c.arithmetic.levels!r}: expected levels among {sorted(arithmetic.LEVELS)}")
     check_column_chain(c, levels)
     check_countdown(c)
+    check_held_out_pool(c)
     if isinstance(c.lora.rank, bool) or not isinstance(c.lora.rank, int):
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
     for section in ("vllm", "jax_sampler"):
@@ -206,6 +208,22 @@ def check_column_chain(c, levels: tuple) -> None:
                     f"max_new_tokens={c.max_new_tokens} is under the {needed} tokens (with EOS) of the longest worked "
                     f"solution at arithmetic.{key}={digits}: raise max_new_tokens to {needed}"
                 )
+
+
+def check_held_out_pool(c) -> None:
+    """A generated task draws its held-out set once (`arithmetic.num_eval`, `countdown.num_eval`, which also keeps
+    those problems out of training); `num_eval_problems` evaluates that many of them, so more than the pool holds
+    would be cut to the pool without a word."""
+    pools = {"arithmetic": "arithmetic.num_eval", "countdown": "countdown.num_eval"}
+    if c.env_name or c.dataset_name not in pools:
+        return
+    pool = pools[c.dataset_name]
+    size = c[c.dataset_name].num_eval
+    if c.num_eval_problems > size:
+        fail(
+            f"num_eval_problems={c.num_eval_problems} is more than the {size} held-out problems {pool} draws: "
+            f"raise --config.{pool} to {c.num_eval_problems}, or lower num_eval_problems"
+        )
 
 
 def check_countdown(c) -> None:
@@ -379,6 +397,7 @@ def validate_settings(config) -> None:
             f"a single-turn run and not async_ppo (whose decoupled loss recomputes them); got temperature="
             f"{c.temperature}, algorithm_name={c.algorithm_name!r}, env_name={c.env_name!r}"
         )
+    check_stress_knobs(c, algorithm)
     if c.attention not in qwen.ATTENTION_IMPLEMENTATIONS:
         fail(f"unknown attention {c.attention!r}; expected one of {qwen.ATTENTION_IMPLEMENTATIONS}")
     if not c.jax_sampler.kv_cache_gib > 0:
@@ -456,12 +475,32 @@ def validate_settings(config) -> None:
             fail(f"{name}={c[name]} must be >= 1 (seconds)")
 
 
+def check_stress_knobs(c, algorithm) -> None:
+    """The testbed's staleness and log-prob noise act on single-turn rollouts, and the noise only where
+    something reads the sampler's log-probs."""
+    from mathrl_jax.train import sections
+
+    for name in ("max_head_offpolicyness", "sampler_logprob_noise"):
+        if c[name] and c.env_name:
+            fail(f"{name}={c[name]} acts on single-turn rollouts; env_name={c.env_name!r} plays multi-turn episodes")
+    if c.sampler_logprob_noise and not (
+        algorithm.decoupled or c.tis_cap is not None or sections.uses_sampler_logprobs(c)
+    ):
+        fail(
+            f"sampler_logprob_noise={c.sampler_logprob_noise} reaches nothing: algorithm_name={c.algorithm_name!r} "
+            f"recomputes the old log-probs (old_logprobs={c.old_logprobs!r}); use --config.old_logprobs=sampler, "
+            "--config.tis_cap, or async_ppo"
+        )
+
+
 def validate_placement(config) -> None:
     """The checks against the processes and devices this run has (these start JAX's backend)."""
     c = config
-    if jax.process_count() > 1 and (algorithms.ALGORITHMS[c.algorithm_name].decoupled or c.env_name):
+    stale = c.max_head_offpolicyness > 0
+    if jax.process_count() > 1 and (algorithms.ALGORITHMS[c.algorithm_name].decoupled or c.env_name or stale):
         fail(
-            f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r} runs in one process only: across "
+            f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r}, max_head_offpolicyness="
+            f"{c.max_head_offpolicyness} runs in one process only: across "
             f"{jax.process_count()} processes every process must issue the same device programs in the same order, "
             "which async_ppo's generator thread and the multi-turn episodes do not guarantee yet"
         )

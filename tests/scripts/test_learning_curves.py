@@ -258,14 +258,24 @@ def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
 
     module = load_script()
     assert set(module.ALGORITHM_ROWS) == set(algorithms.NAMES)
-    assert [row.name for row in module.expand_algorithms(["all"])] == [row.name for row in module.ROWS]
+    stress = set(module.STRESS_ROWS)
+    assert [row.name for row in module.expand_algorithms(["all"])] == [
+        row.name for row in module.ROWS if row.name not in stress
+    ]
+    assert [row.name for row in module.expand_algorithms(["stress"])] == list(module.STRESS_ROWS)
     named = [r for rows in module.ALGORITHM_ROWS.values() for r in rows] + list(module.VARIANT_ROWS)
-    assert sorted(named) == sorted(module.ROW_BY_NAME)
+    assert sorted(named + list(stress)) == sorted(module.ROW_BY_NAME)
     for row in module.ROWS:
         config = configured(row, [f"--config.run_dir={tmp_path / row.name}"])
         validate_config(config)  # raises (exit 2 in train.py) on a bad row
-        wanted = row.name.split("_staleness")[0].removesuffix("_lora")
-        assert config.algorithm_name == wanted, row
+        wanted = "grpo" if row.name in stress - {"async_ppo_staleness8"} else row.name.split("_staleness")[0]
+        assert config.algorithm_name == wanted.removesuffix("_lora"), row
+    stale = [configured(module.ROW_BY_NAME[name]) for name in ("async_ppo_staleness8", "stale8_naive", "stale8_tis")]
+    assert [c.max_head_offpolicyness for c in stale] == [8, 8, 8]
+    noisy = [configured(module.ROW_BY_NAME[name]) for name in ("noise07_naive", "noise07_tis")]
+    assert [c.sampler_logprob_noise for c in noisy] == [0.07, 0.07]
+    assert [c.old_logprobs for c in stale[1:] + noisy] == ["sampler", "auto", "sampler", "auto"]
+    assert [c.tis_cap for c in stale[1:] + noisy] == [None, 2.0, None, 2.0]
     async_rows = module.expand_algorithms(["async_ppo"])
     stalenesses = [configured(row).max_head_offpolicyness for row in async_rows]
     assert stalenesses == [1, 2]
