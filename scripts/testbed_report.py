@@ -1,6 +1,7 @@
 """The testbed's predictions (docs/testbed.md), each checked against the sweeps that test it: held or failed.
 
-    python scripts/testbed_report.py --long runs/testbed/d4 --short runs/testbed/d2 [--markdown OUT.md]
+    python scripts/testbed_report.py --long runs/testbed/d4 --short runs/testbed/d2 [--stress runs/testbed/stress]
+                                     [--markdown OUT.md]
 
 `--long` is the sweep of `scripts/learning_curves.py --algorithms grpo tppo ppo dapo --config
 mathrl_jax/configs/column_chain.py` (horizon H, 4 digits), `--short` the same at `--config.arithmetic.digits=2`
@@ -9,7 +10,8 @@ sweep (each row's final greedy accuracy, RL gain, its control's, RL minus contro
 midpoint, pass@1 / pass@k at the end, token entropy, the harder split) and then each prediction with the
 measured gap, its 95% intervals (Student-t, then percentile bootstrap; paired by seed where both runs start from
 that seed's warm-start) and the verdict by the prediction's own words. A prediction whose rows are missing is
-"not run", never held.
+"not run", never held. `--stress` is the sweep of the stress rows (`--algorithms grpo stress` on 1,000 held-out
+problems): predictions 8 to 13, staleness and log-prob noise, and GRPO on 1,000 problems against `--long`'s.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Gap(NamedTuple):
     values: list[float]
 
     def text(self, fmt: str = "+.3f") -> str:
+        if not self.values:
+            return "- (no seed)"
         if self.t is None:
             return f"{self.estimate:{fmt}} (one seed)"
         return (
@@ -62,6 +66,8 @@ class Gap(NamedTuple):
 
 def mean_gap(values: Sequence[float]) -> Gap:
     values = [float(v) for v in values]
+    if not values:
+        return Gap(math.nan, None, None, [])
     if len(values) < 2:
         return Gap(values[0], None, None, values)
     return Gap(
@@ -246,10 +252,89 @@ def predictions(long: dict[str, list], short: dict[str, list]) -> list[Verdict]:
     return verdicts
 
 
+def mean_clip_fraction(r: dict[str, Any]) -> Optional[float]:
+    """The mean over a run's iterations of `train/clip_fraction` (its `metrics.jsonl`), None without the file."""
+    path = os.path.join(r["run"]["run_dir"], "metrics.jsonl")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        values = [m["train/clip_fraction"] for line in f if "train/clip_fraction" in (m := json.loads(line))]
+    return math.fsum(values) / len(values) if values else None
+
+
+def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[Verdict]:
+    """Predictions 8 to 13 (docs/testbed.md), on the stress sweep; 13 also on `long`'s GRPO row."""
+
+    def have(*rows):
+        return all(row in stress for row in rows)
+
+    def acc(row):
+        return per_seed(stress[row], final)
+
+    def within(gap: Gap, points: float) -> bool:
+        return abs(gap.estimate) <= points
+
+    verdicts = []
+    claim = "async_ppo at staleness 8 ends within 5 points of GRPO at staleness 0."
+    if have("async_ppo_staleness8", "grpo"):
+        gap = paired(acc("async_ppo_staleness8"), acc("grpo"))
+        verdicts.append(Verdict(8, claim, f"async_ppo(8) - GRPO(0) {gap.text()}.", within(gap, 0.05)))
+    else:
+        verdicts.append(Verdict(8, claim, "-", None))
+
+    claim = "GRPO at staleness 8 clipped around the behaviour policy ends >= 10 points below async_ppo at 8."
+    if have("async_ppo_staleness8", "stale8_naive"):
+        gap = paired(acc("async_ppo_staleness8"), acc("stale8_naive"))
+        held = gap.estimate >= 0.10 and gap.excludes_zero
+        verdicts.append(Verdict(9, claim, f"async_ppo(8) - naive(8) {gap.text()}.", held))
+    else:
+        verdicts.append(Verdict(9, claim, "-", None))
+
+    claim = "GRPO at staleness 8 with TIS (cap 2) ends within 5 points of async_ppo at 8."
+    if have("async_ppo_staleness8", "stale8_tis"):
+        gap = paired(acc("stale8_tis"), acc("async_ppo_staleness8"))
+        verdicts.append(Verdict(10, claim, f"TIS(8) - async_ppo(8) {gap.text()}.", within(gap, 0.05)))
+    else:
+        verdicts.append(Verdict(10, claim, "-", None))
+
+    claim = "async_ppo at staleness 8 reaches its fitted C_mid >= 3 iterations later than GRPO at 0, excluding 0."
+    if have("async_ppo_staleness8", "grpo"):
+        midpoint = fit_value("midpoint")
+        gap = paired(per_seed(stress["async_ppo_staleness8"], midpoint), per_seed(stress["grpo"], midpoint))
+        held = bool(gap.values) and gap.estimate >= 3 and gap.excludes_zero
+        verdicts.append(Verdict(11, claim, f"C_mid async_ppo(8) - GRPO(0) {gap.text('+.1f')} iterations.", held))
+    else:
+        verdicts.append(Verdict(11, claim, "-", None))
+
+    claim = "naive PPO with 0.07 nats of log-prob noise ends within 5 points of GRPO, its clip fraction >= 2x GRPO's."
+    if have("noise07_naive", "grpo"):
+        gap = paired(acc("noise07_naive"), acc("grpo"))
+        noisy, clean = (
+            per_seed(stress["noise07_naive"], mean_clip_fraction),
+            per_seed(stress["grpo"], mean_clip_fraction),
+        )
+        ratio = mean_gap([v / clean[s] for s, v in noisy.items() if clean.get(s)])
+        measured = f"noise(0.07) - GRPO {gap.text()}; clip fraction noise / GRPO {ratio.text('.2f')}."
+        verdicts.append(Verdict(12, claim, measured, within(gap, 0.05) and bool(ratio.values) and ratio.estimate >= 2))
+    else:
+        verdicts.append(Verdict(12, claim, "-", None))
+
+    claim = "GRPO's final greedy accuracy on 1,000 problems lies inside the 500-problem row's t interval."
+    if have("grpo") and "grpo" in long:
+        before, now = mean_gap(list(per_seed(long["grpo"], final).values())), mean_gap(list(acc("grpo").values()))
+        held = before.t is not None and before.t.low <= now.estimate <= before.t.high
+        measured = f"1,000 problems {now.text('.3f')}; 500 problems {before.text('.3f')}."
+        verdicts.append(Verdict(13, claim, measured, held))
+    else:
+        verdicts.append(Verdict(13, claim, "-", None))
+    return verdicts
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--long", required=True, help="the sweep at horizon H (its --out directory)")
     parser.add_argument("--short", required=True, help="the sweep at horizon 2 (its --out directory)")
+    parser.add_argument("--stress", help="the sweep of the stress rows and GRPO on 1,000 problems (predictions 8-13)")
     parser.add_argument("--markdown", help="also write the report here")
     return parser.parse_args(argv)
 
@@ -258,10 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     long, short = load_sweep(args.long), load_sweep(args.short)
     verdicts = predictions(long, short)
-    text = (
-        f"Horizon H ({args.long}):\n\n{sweep_table(long)}\nHorizon 2 ({args.short}):\n\n{sweep_table(short)}\n"
-        "Predictions:\n\n" + "\n".join(v.line() for v in verdicts) + "\n"
-    )
+    text = f"Horizon H ({args.long}):\n\n{sweep_table(long)}\nHorizon 2 ({args.short}):\n\n{sweep_table(short)}\n"
+    if args.stress:
+        stress = load_sweep(args.stress)
+        verdicts += stress_predictions(stress, long)
+        text += f"Stress knobs, 1,000 problems ({args.stress}):\n\n{sweep_table(stress)}\n"
+    text += "Predictions:\n\n" + "\n".join(v.line() for v in verdicts) + "\n"
     print(text)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as f:

@@ -110,3 +110,48 @@ def test_the_report_commands_the_docs_show_parse():
     for arguments in shown:
         args = module.parse_args(shlex.split(arguments))
         assert args.long and args.short
+
+
+def stress_sweep(tmp_path, naive_drop=0.20, noise_clip=0.006):
+    """The stress rows: async_ppo at 8 ties GRPO (slower), naive PPO `naive_drop` below, TIS ties, noise ties; each
+    run's metrics.jsonl holds its clip fractions (GRPO's 0.002 an iteration, the noisy run's `noise_clip`)."""
+
+    def row(name, end, midpoint=3.0, clip=0.002):
+        seeds = []
+        for s in SEEDS:
+            seed = seed_row(s, end + noise(s + 10 * len(name)), midpoint=midpoint + noise(s, 0.3))
+            run_dir = tmp_path / "stress_runs" / name / f"seed{s}"
+            run_dir.mkdir(parents=True)
+            lines = [json.dumps({"train/clip_fraction": clip * (1 + 0.1 * k)}) for k in range(3)]
+            (run_dir / "metrics.jsonl").write_text("\n".join(['{"eval/accuracy": 0.5}', *lines]) + "\n")
+            seed["run"]["run_dir"] = str(run_dir)
+            seeds.append(seed)
+        return seeds
+
+    rows = {
+        "grpo": row("grpo", 0.70),
+        "async_ppo_staleness8": row("async_ppo_staleness8", 0.69, midpoint=8.0),
+        "stale8_naive": row("stale8_naive", 0.69 - naive_drop),
+        "stale8_tis": row("stale8_tis", 0.68),
+        "noise07_naive": row("noise07_naive", 0.70, clip=noise_clip),
+    }
+    return write_sweep(tmp_path / "stress", rows)
+
+
+def test_the_stress_predictions_by_their_own_words(tmp_path):
+    long, short = sweeps(tmp_path)
+    stress = stress_sweep(tmp_path)
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--long", long, "--short", short, "--stress", stress], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert verdicts(result.stdout) == ["held"] * 13, result.stdout
+    assert "clip fraction noise / GRPO 3.00" in result.stdout  # 0.006 / 0.002 at every seed
+    # GRPO on 1,000 problems (0.70) is outside a 500-problem row at 0.60 +- 0.01: 13 fails;
+    # naive PPO 5 points below is short of 10; noise at GRPO's clip fraction is not twice it.
+    module = load_report()
+    long_sweep = module.load_sweep(long)
+    long_sweep["grpo"] = [seed_row(s, 0.60 + noise(s)) for s in SEEDS]
+    got = module.stress_predictions(module.load_sweep(stress_sweep(tmp_path / "b", 0.05, 0.002)), long_sweep)
+    assert {v.number: v.held for v in got} == {8: True, 9: False, 10: True, 11: True, 12: False, 13: False}
+    assert all(v.held is None for v in module.stress_predictions({"grpo": long_sweep["grpo"]}, {}))
