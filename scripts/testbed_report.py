@@ -274,28 +274,22 @@ def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[V
     def within(gap: Gap, points: float) -> bool:
         return abs(gap.estimate) <= points
 
+    accuracy_gaps = (  # (number, claim, row a, row b, label, held by the paired gap a - b)
+        (8, "async_ppo at staleness 8 ends within 5 points of GRPO at staleness 0.", "async_ppo_staleness8", "grpo",
+         "async_ppo(8) - GRPO(0)", lambda gap: within(gap, 0.05)),
+        (9, "GRPO at staleness 8 clipped around the behaviour policy ends >= 10 points below async_ppo at 8.",
+         "async_ppo_staleness8", "stale8_naive", "async_ppo(8) - naive(8)",
+         lambda gap: gap.estimate >= 0.10 and gap.excludes_zero),
+        (10, "GRPO at staleness 8 with TIS (cap 2) ends within 5 points of async_ppo at 8.", "stale8_tis",
+         "async_ppo_staleness8", "TIS(8) - async_ppo(8)", lambda gap: within(gap, 0.05)),
+    )  # fmt: skip
     verdicts = []
-    claim = "async_ppo at staleness 8 ends within 5 points of GRPO at staleness 0."
-    if have("async_ppo_staleness8", "grpo"):
-        gap = paired(acc("async_ppo_staleness8"), acc("grpo"))
-        verdicts.append(Verdict(8, claim, f"async_ppo(8) - GRPO(0) {gap.text()}.", within(gap, 0.05)))
-    else:
-        verdicts.append(Verdict(8, claim, "-", None))
-
-    claim = "GRPO at staleness 8 clipped around the behaviour policy ends >= 10 points below async_ppo at 8."
-    if have("async_ppo_staleness8", "stale8_naive"):
-        gap = paired(acc("async_ppo_staleness8"), acc("stale8_naive"))
-        held = gap.estimate >= 0.10 and gap.excludes_zero
-        verdicts.append(Verdict(9, claim, f"async_ppo(8) - naive(8) {gap.text()}.", held))
-    else:
-        verdicts.append(Verdict(9, claim, "-", None))
-
-    claim = "GRPO at staleness 8 with TIS (cap 2) ends within 5 points of async_ppo at 8."
-    if have("async_ppo_staleness8", "stale8_tis"):
-        gap = paired(acc("stale8_tis"), acc("async_ppo_staleness8"))
-        verdicts.append(Verdict(10, claim, f"TIS(8) - async_ppo(8) {gap.text()}.", within(gap, 0.05)))
-    else:
-        verdicts.append(Verdict(10, claim, "-", None))
+    for number, claim, a, b, label, holds in accuracy_gaps:
+        if have(a, b):
+            gap = paired(acc(a), acc(b))
+            verdicts.append(Verdict(number, claim, f"{label} {gap.text()}.", holds(gap)))
+        else:
+            verdicts.append(Verdict(number, claim, "-", None))
 
     claim = "async_ppo at staleness 8 reaches its fitted C_mid >= 3 iterations later than GRPO at 0, excluding 0."
     if have("async_ppo_staleness8", "grpo"):
