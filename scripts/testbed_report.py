@@ -257,9 +257,13 @@ def mean_clip_fraction(r: dict[str, Any]) -> Optional[float]:
     path = os.path.join(r["run"]["run_dir"], "metrics.jsonl")
     if not os.path.isfile(path):
         return None
+    by_step = {}  # a resumed run logs again the iterations after its checkpoint: the later line counts
     with open(path, encoding="utf-8") as f:
-        values = [m["train/clip_fraction"] for line in f if "train/clip_fraction" in (m := json.loads(line))]
-    return math.fsum(values) / len(values) if values else None
+        for line in f:
+            metrics = json.loads(line)
+            if "train/clip_fraction" in metrics:
+                by_step[metrics["step"]] = metrics["train/clip_fraction"]
+    return math.fsum(by_step.values()) / len(by_step) if by_step else None
 
 
 def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[Verdict]:
@@ -287,7 +291,7 @@ def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[V
     for number, claim, a, b, label, holds in accuracy_gaps:
         if have(a, b):
             gap = paired(acc(a), acc(b))
-            verdicts.append(Verdict(number, claim, f"{label} {gap.text()}.", holds(gap)))
+            verdicts.append(Verdict(number, claim, f"{label} {gap.text()}.", holds(gap) if gap.values else None))
         else:
             verdicts.append(Verdict(number, claim, "-", None))
 
@@ -295,7 +299,7 @@ def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[V
     if have("async_ppo_staleness8", "grpo"):
         midpoint = fit_value("midpoint")
         gap = paired(per_seed(stress["async_ppo_staleness8"], midpoint), per_seed(stress["grpo"], midpoint))
-        held = bool(gap.values) and gap.estimate >= 3 and gap.excludes_zero
+        held = gap.estimate >= 3 and gap.excludes_zero if gap.values else None  # None: no seed has both fits
         verdicts.append(Verdict(11, claim, f"C_mid async_ppo(8) - GRPO(0) {gap.text('+.1f')} iterations.", held))
     else:
         verdicts.append(Verdict(11, claim, "-", None))
@@ -307,9 +311,14 @@ def stress_predictions(stress: dict[str, list], long: dict[str, list]) -> list[V
             per_seed(stress["noise07_naive"], mean_clip_fraction),
             per_seed(stress["grpo"], mean_clip_fraction),
         )
-        ratio = mean_gap([v / clean[s] for s, v in noisy.items() if clean.get(s)])
-        measured = f"noise(0.07) - GRPO {gap.text()}; clip fraction noise / GRPO {ratio.text('.2f')}."
-        verdicts.append(Verdict(12, claim, measured, within(gap, 0.05) and bool(ratio.values) and ratio.estimate >= 2))
+        common = sorted(set(noisy) & set(clean))
+        noisy_mean, clean_mean = (math.fsum(d[s] for s in common) / max(len(common), 1) for d in (noisy, clean))
+        measured = (
+            f"noise(0.07) - GRPO {gap.text()}; mean clip fraction {noisy_mean:.4f} with noise, {clean_mean:.4f} "
+            f"without, over {len(common)} seeds."
+        )
+        held = None if not (gap.values and common) else within(gap, 0.05) and noisy_mean >= 2 * clean_mean
+        verdicts.append(Verdict(12, claim, measured, held))
     else:
         verdicts.append(Verdict(12, claim, "-", None))
 

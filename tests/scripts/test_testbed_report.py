@@ -122,7 +122,8 @@ def stress_sweep(tmp_path, naive_drop=0.20, noise_clip=0.006):
             seed = seed_row(s, end + noise(s + 10 * len(name)), midpoint=midpoint + noise(s, 0.3))
             run_dir = tmp_path / "stress_runs" / name / f"seed{s}"
             run_dir.mkdir(parents=True)
-            lines = [json.dumps({"train/clip_fraction": clip * (1 + 0.1 * k)}) for k in range(3)]
+            lines = [json.dumps({"step": k, "train/clip_fraction": clip * (1 + 0.1 * k)}) for k in range(3)]
+            lines.append(json.dumps({"step": 2, "train/clip_fraction": clip * 1.1}))  # a resumed run's repeat
             (run_dir / "metrics.jsonl").write_text("\n".join(['{"eval/accuracy": 0.5}', *lines]) + "\n")
             seed["run"]["run_dir"] = str(run_dir)
             seeds.append(seed)
@@ -146,7 +147,8 @@ def test_the_stress_predictions_by_their_own_words(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert verdicts(result.stdout) == ["held"] * 13, result.stdout
-    assert "clip fraction noise / GRPO 3.00" in result.stdout  # 0.006 / 0.002 at every seed
+    # 0.006 and 0.002 times (1 + 1.1 + 1.1) / 3: the repeated step 2 counts once, with its later value
+    assert "mean clip fraction 0.0064 with noise, 0.0021 without, over 5 seeds" in result.stdout
     # GRPO on 1,000 problems (0.70) is outside a 500-problem row at 0.60 +- 0.01: 13 fails;
     # naive PPO 5 points below is short of 10; noise at GRPO's clip fraction is not twice it.
     module = load_report()
@@ -155,3 +157,6 @@ def test_the_stress_predictions_by_their_own_words(tmp_path):
     got = module.stress_predictions(module.load_sweep(stress_sweep(tmp_path / "b", 0.05, 0.002)), long_sweep)
     assert {v.number: v.held for v in got} == {8: True, 9: False, 10: True, 11: True, 12: False, 13: False}
     assert all(v.held is None for v in module.stress_predictions({"grpo": long_sweep["grpo"]}, {}))
+    disjoint = module.load_sweep(stress)
+    disjoint["stale8_naive"] = [dict(r, seed=r["seed"] + 100) for r in disjoint["stale8_naive"]]
+    assert module.stress_predictions(disjoint, long_sweep)[1].held is None  # no seed in common: not measured
