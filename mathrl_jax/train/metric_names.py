@@ -23,8 +23,9 @@ METRIC_NAMES: dict[str, str] = {
     "rollout/grader_timeouts": "responses whose grading ran past reward.timeout_s (graded incorrect)",
     "rollout/prm_reward": "mean sum of a response's PRM step scores (reward_source with 'prm')",
     "rollout/sampler_logprob_diff": (
-        "mean |trainer - sampler| log-prob of the response tokens (sampler-trainer mismatch), when the trainer "
-        "recomputes the old log-probs (old_logprobs) and the sampler filters no tokens (top_p 1, no top_k)"
+        "mean |trainer - sampler| log-prob of the response tokens (sampler-trainer mismatch, and the policy's move "
+        "since it sampled when rollouts are stale), when the trainer recomputes the old log-probs (old_logprobs) "
+        "and the sampler filters no tokens (top_p 1, no top_k)"
     ),
     "rollout/sampler_ratio_outside": (
         "share of response tokens whose pi_trainer / pi_sampler is outside [0.5, 2] (as sampler_logprob_diff)"

@@ -502,7 +502,8 @@ def validate_placement(config) -> None:
             f"algorithm_name={c.algorithm_name!r} with env_name={c.env_name!r}, max_head_offpolicyness="
             f"{c.max_head_offpolicyness} runs in one process only: across "
             f"{jax.process_count()} processes every process must issue the same device programs in the same order, "
-            "which async_ppo's generator thread and the multi-turn episodes do not guarantee yet"
+            "which the generator thread (async_ppo, or any run with max_head_offpolicyness > 0) and the multi-turn "
+            "episodes do not guarantee yet"
         )
     try:
         sharding.resolve_mesh_shape(c.mesh.to_dict(), jax.device_count())
