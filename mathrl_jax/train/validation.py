@@ -478,14 +478,11 @@ def validate_settings(config) -> None:
 def check_stress_knobs(c, algorithm) -> None:
     """The testbed's staleness and log-prob noise act on single-turn rollouts, and the noise only where
     something reads the sampler's log-probs."""
-    from mathrl_jax.train import sections
-
     for name in ("max_head_offpolicyness", "sampler_logprob_noise"):
         if c[name] and c.env_name:
             fail(f"{name}={c[name]} acts on single-turn rollouts; env_name={c.env_name!r} plays multi-turn episodes")
-    if c.sampler_logprob_noise and not (
-        algorithm.decoupled or c.tis_cap is not None or sections.uses_sampler_logprobs(c)
-    ):
+    # With noise, old_logprobs="auto" recomputes (sections.old_logprobs_from_sampler): only "sampler" reads them.
+    if c.sampler_logprob_noise and not (algorithm.decoupled or c.tis_cap is not None or c.old_logprobs == "sampler"):
         fail(
             f"sampler_logprob_noise={c.sampler_logprob_noise} reaches nothing: algorithm_name={c.algorithm_name!r} "
             f"recomputes the old log-probs (old_logprobs={c.old_logprobs!r}); use --config.old_logprobs=sampler, "
