@@ -482,7 +482,6 @@ RUNS = {
     "dapo": {
         "algorithm_name": "dapo",
         "clip_high": 0.28,
-        "dapo.success_rate_lb": -0.1,
         "warmstart.steps": 1,
         "warmstart.batch_size": 4,
         "warmstart.targets": "answer",
