@@ -145,6 +145,11 @@ def main(argv=None) -> int:
     except MathRLError as error:  # bad input, named in the message: exit 2 (a bug keeps its traceback)
         if several:
             leave(2, str(error), leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2))
+        # A save that failed in Orbax's background threads (a full disk) can leave a coroutine that the
+        # interpreter's shutdown reports as never awaited, two lines after the one that names the failure.
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
         fail(str(error))
     except BaseException:
         if several:
