@@ -103,10 +103,12 @@ class Interrupted(Exception):
     pass
 
 
-def test_an_interrupted_async_run_resumes_bit_for_bit(model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("algorithm", ["async_ppo", "grpo"])
+def test_an_interrupted_async_run_resumes_bit_for_bit(algorithm, model_dir, tmp_path):  # noqa: F811
     """The generator runs eta batches ahead; the checkpoint keeps them, so the resumed run trains on the very
-    batches the uninterrupted one did (sampled with the params of iterations before the checkpoint)."""
-    settings = dict(algorithm_name="async_ppo", max_head_offpolicyness=2, num_iterations=5, save_interval=2)
+    batches the uninterrupted one did (sampled with the params of iterations before the checkpoint). The same for
+    any algorithm the generator feeds (GRPO at max_head_offpolicyness > 0: the testbed's staleness knob)."""
+    settings = dict(algorithm_name=algorithm, max_head_offpolicyness=2, num_iterations=5, save_interval=2)
     straight, straight_history = run_and_record(small_config(model_dir, tmp_path / "a", **settings))
 
     def stop_at_3(iteration, metrics):
@@ -119,6 +121,7 @@ def test_an_interrupted_async_run_resumes_bit_for_bit(model_dir, tmp_path):  # n
         )
     resumed, resumed_history = run_and_record(small_config(model_dir, tmp_path / "b", **settings))
     assert [i for i, _ in resumed_history] == [3, 4, 5]
+    assert [m["async/staleness"] for _, m in resumed_history] == [2, 2, 2]  # the saved batches, 2 versions old
     for a, b in zip(leaves(straight["state"]), leaves(resumed["state"])):
         np.testing.assert_array_equal(a, b)
     for (i, a), (j, b) in zip(straight_history[2:], resumed_history):

@@ -4,12 +4,11 @@ generated task draws (`num_eval_problems` never silently cut)."""
 
 import math
 
-import jax
 import numpy as np
 import pytest
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train import collect, loop, sections, validation
+from mathrl_jax.train import collect, sections, validation
 from tests.train.loop_fixtures import (  # noqa: F401  (the fixture)
     first_char_reward,
     model_dir,
@@ -106,33 +105,6 @@ def test_the_knobs_refuse_multi_turn_episodes(knob, tmp_path):
     with pytest.raises(validation.TrainingError) as refused:
         validation.validate_settings(config)
     assert "acts on single-turn rollouts" in str(refused.value)
-
-
-def test_an_interrupted_stale_grpo_run_resumes_bit_for_bit(model_dir, tmp_path):  # noqa: F811
-    """The batches made ahead are saved with the checkpoint for any algorithm the generator feeds, not only
-    async_ppo: the resumed run trains on the very batches the uninterrupted one did."""
-    settings = dict(algorithm_name="grpo", max_head_offpolicyness=2, num_iterations=5, save_interval=2)
-    straight, straight_history = run_and_record(small_config(model_dir, tmp_path / "a", **settings))
-
-    class Interrupted(Exception):
-        pass
-
-    def stop_at_3(iteration, metrics):
-        if iteration == 3:  # after checkpoint 2; batches 3 and 4 were made before it, with params 0 and 1
-            raise Interrupted
-
-    with pytest.raises(Interrupted):
-        loop.train(
-            small_config(model_dir, tmp_path / "b", **settings), reward_fn=first_char_reward, on_metrics=stop_at_3
-        )
-    resumed, resumed_history = run_and_record(small_config(model_dir, tmp_path / "b", **settings))
-    assert [i for i, _ in resumed_history] == [3, 4, 5]
-    assert [m["async/staleness"] for _, m in resumed_history] == [2, 2, 2]  # the saved batches, 2 versions old
-    for a, b in zip(jax.tree.leaves(straight["state"]), jax.tree.leaves(resumed["state"])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for (i, a), (_, b) in zip(straight_history[2:], resumed_history):
-        for key in ("rollout/rewards", "train/policy_loss", "async/staleness", "async/policy_version"):
-            assert a[key] == b[key], (i, key, a[key], b[key])
 
 
 def test_the_noise_reaches_naive_ppos_old_log_probs_and_async_ppos_behaviour(model_dir, tmp_path):  # noqa: F811
