@@ -8,3 +8,12 @@ traceback. Each subclass also derives from the built-in its callers knew (`Value
 
 class MathRLError(Exception):
     """Bad input (config, data, checkpoint, mesh, model output, a peer), named in the message."""
+
+
+class TrainingError(MathRLError, ValueError):
+    """Bad input to a training run (config, data, model path, mesh); the message names it."""
+
+
+def fail(message: str):
+    """Raise `TrainingError(message)`: a check's one line, written where the check is."""
+    raise TrainingError(message)

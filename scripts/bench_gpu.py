@@ -431,8 +431,8 @@ def step_grpo(p, record):
     `perf/*` split as the loop measures it; the first compiles, the median is over the rest."""
     from mathrl_jax.configs import default
     from mathrl_jax.models import write_tiny_checkpoint
-    from mathrl_jax.train.build import build_run
     from mathrl_jax.train.loop import rollout_source, train_iteration
+    from mathrl_jax.train.setup import build_run
 
     name = p["grpo_model"]
     directory = tempfile.mkdtemp(prefix="bench_gpu_grpo_")

@@ -33,11 +33,8 @@ from flax import nnx
 
 from mathrl_jax.models import QwenForCausalLM
 from mathrl_jax.models.qwen import QwenConfig
-from mathrl_jax.train import packing
-from mathrl_jax.train.minibatches import with_packing
-from mathrl_jax.train.passes import compute_logprobs_fn
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import UpdateConfig, make_update_fn
+from mathrl_jax.train.update import UpdateConfig, compute_logprobs_fn, make_update_fn, plan_passes, with_packing
 
 
 def lengths_batch(rows: int, prompt: int, median: int, longest: int, vocab: int, seed: int):
@@ -111,10 +108,10 @@ def main(argv=None):
     host, real = lengths_batch(args.rows, args.prompt, args.median, args.longest, args.vocab, args.seed)
     width = host["input_ids"].shape[1]
     padded = {k: jnp.asarray(v) for k, v in host.items()}
-    # The loop's plan (train/batch.py `pack_shape`): rows of the batch width, micro-batches of the same tokens.
+    # The loop's plan (train/batch/_prepare.py `pack_shape`): rows of the batch width, micro-batches of the same tokens.
     shape = dict(row_tokens=width, max_rows_per_micro=args.micro_batch, rows_multiple=1)
     packed = with_packing(padded, state.rng, ppo_epoch=1, num_mini_batch=args.mini_batches, **shape)
-    passes_plan = packing.plan_passes(host["attention_mask"], width, max_rows_per_chunk=args.micro_batch)
+    passes_plan = plan_passes(host["attention_mask"], width, max_rows_per_chunk=args.micro_batch)
     passes_plan = {k: jnp.asarray(v) for k, v in passes_plan.items()}
     logprobs = compute_logprobs_fn(graphdef, chunk_rows=args.micro_batch)
 

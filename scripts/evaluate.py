@@ -174,13 +174,13 @@ def main(argv=None) -> int:
     from mathrl_jax import sharding
     from mathrl_jax.data import arithmetic, format_prompt, load_problems
     from mathrl_jax.data.sources import DataError
+    from mathrl_jax.errors import TrainingError
+    from mathrl_jax.evaluation import evaluate
     from mathrl_jax.models import hf
     from mathrl_jax.models.codec import TextCodec
     from mathrl_jax.rewards.math_grader import MathGrader
     from mathrl_jax.rewards.serial_grader import SerialGrader
     from mathrl_jax.sampling import JaxSampler
-    from mathrl_jax.train.evaluation import evaluate
-    from mathrl_jax.train.validation import TrainingError
 
     try:
         codec = TextCodec(args.model)

@@ -57,15 +57,20 @@ import jax
 from flax import nnx, serialization
 
 from mathrl_jax import files
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.models import hf
 from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
-from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.checkpoint_directory import STATE_ITEM
-from mathrl_jax.train.checkpoint_errors import CheckpointError, UnverifiedCheckpointError
-from mathrl_jax.train.checkpoint_tree import TargetMismatchError
-from mathrl_jax.train.lora_base import LORA_BASE_KEY, check_lora_base, lora_base_record
-from mathrl_jax.train.validation import TrainingError
+from mathrl_jax.train.checkpoint import (
+    LORA_BASE_KEY,
+    STATE_ITEM,
+    Checkpointer,
+    CheckpointError,
+    TargetMismatchError,
+    UnverifiedCheckpointError,
+    check_lora_base,
+    lora_base_record,
+)
 
 CHECKPOINTS = "checkpoints"
 PARAMS_KEY = "params"  # the TrainState field of the policy parameters
@@ -183,7 +188,7 @@ def read_run_config(run_dir: str) -> Dict[str, Any]:
 
 
 def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
-    """The HF checkpoint the run's policy started from, as `mathrl_jax.train.build.build_run` picks it."""
+    """The HF checkpoint the run's policy started from, as `mathrl_jax.train.setup.build_run` picks it."""
     warm = os.path.join(run_dir, "warmstart_model")
     warm_steps = (run_config.get("warmstart") or {}).get("steps", 0) if run_config else None
     # Without a config.json, a warmstart_model directory can only come from a warm-start.

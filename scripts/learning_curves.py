@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Optional, Tuple
 
 from mathrl_jax import files, stats
-from mathrl_jax.train.metrics import read_jsonl_metrics
+from mathrl_jax.train.reporting import read_jsonl_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(ROOT, "scripts", "train.py")

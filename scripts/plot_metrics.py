@@ -10,7 +10,7 @@ accuracy, held-out accuracy, response length, policy loss, entropy, KL, clip
 fraction, gradient norm, and the critic's loss and explained variance when
 there is one), leaving out any that the run did not log or that never
 changed; `--keys all` draws every metric in the file (the standard ones of
-`mathrl_jax.train.metric_names.METRIC_NAMES` first), `--keys k1,k2` the ones named.
+`mathrl_jax.train.reporting.METRIC_NAMES` first), `--keys k1,k2` the ones named.
 The default output is RUN_DIR/metrics.png. Needs matplotlib
 (`pip install -e ".[plot]"`).
 """
@@ -23,8 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mathrl_jax.train.metric_names import METRIC_NAMES
-from mathrl_jax.train.metrics import RESERVED_KEYS, read_jsonl_metrics
+from mathrl_jax.train.reporting import METRIC_NAMES, RESERVED_KEYS, read_jsonl_metrics
 
 Curves = dict[str, tuple[list[int], list[float]]]
 

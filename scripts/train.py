@@ -109,8 +109,8 @@ HELP_FLAGS = ("-h", "--help", "--helpfull")
 
 def print_help(argv) -> None:
     """`--help`: every option of the config (the default or `--config=FILE`, with any overrides applied), its value
-    and its meaning (`train/config_help.py`)."""
-    from mathrl_jax.train.config_help import format_help
+    and its meaning (`train/setup/_help.py`)."""
+    from mathrl_jax.train.setup import format_help
 
     config = parse_config([a for a in argv if a not in HELP_FLAGS])
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
         print_help(argv)
         return 0
     config = parse_config(argv)
-    from mathrl_jax.train.validation import TrainingError, validate_settings
+    from mathrl_jax.errors import TrainingError
+    from mathrl_jax.train.setup import validate_settings
 
     try:  # before the processes join: each refuses a bad config alone, and no peer's exit can abort it
         validate_settings(config)

@@ -223,3 +223,19 @@ def test_the_countdown_commands_run(index, one_layer_model, tmp_path):
     assert record["task"]["dataset_name"] == "countdown"
     logged = [json.loads(line) for line in (run_dir / "samples" / "iteration_000001.jsonl").read_text().splitlines()]
     assert logged and all(s["prompt"] == s["gold"] + ":" for s in logged)  # graded against the instance
+
+
+def test_the_layout_page_names_every_module_and_script_and_no_other():
+    """docs/layout.md is the file map: each module of the package and each script is on it by name, and each file
+    name on it exists (a moved or deleted module cannot stay listed)."""
+    root = ROOT
+    text = (root / "docs" / "layout.md").read_text()
+    modules = [p for p in (root / "mathrl_jax").rglob("*.py") if p.name != "__init__.py"]
+    scripts = [p for p in (root / "scripts").iterdir() if p.suffix in (".py", ".sh")]
+    unlisted = [
+        str(p.relative_to(root)) for p in modules + scripts if not re.search(rf"(?<![\w/]){re.escape(p.name)}", text)
+    ]
+    assert not unlisted, f"docs/layout.md does not name {unlisted}"
+    named = set(re.findall(r"(?<![\w/.])(\w+\.(?:py|sh))\b", text)) - {"file.py"}  # `file.py:function`: a user's
+    existing = {p.name for folder in ("mathrl_jax", "scripts", "examples", "tests") for p in (root / folder).rglob("*")}
+    assert named <= existing, f"docs/layout.md names files that do not exist: {sorted(named - existing)}"

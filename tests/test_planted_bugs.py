@@ -69,7 +69,7 @@ BUGS = (
     ),
     PlantedBug(
         "stale_old_logprobs",  # the old log-probs of the first iteration's policy, every iteration
-        "mathrl_jax/train/batch.py",
+        "mathrl_jax/train/batch/_prepare.py",
         "            old = maker.logprobs(model_params(state.params, maker.frozen), *inputs)"
         ' * batch["response_mask"]\n',
         "            stale = maker.__dict__.setdefault(\n"
@@ -80,7 +80,7 @@ BUGS = (
     ),
     PlantedBug(
         "logprob_shifted_one_position",  # each token scored by the hidden state that has already seen it
-        "mathrl_jax/train/passes.py",
+        "mathrl_jax/train/update/_passes.py",
         "            hidden[:, :-1],\n",
         "            hidden[:, 1:],\n",
         (SAMPLER_MATCHES_TRAINER, LEARNING),

@@ -37,6 +37,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from mathrl_jax.data.hashing import HashStream
+from mathrl_jax.data.layouts import is_int
 from mathrl_jax.data.sources import Problem
 
 DEFAULT_QUESTION_FORMAT = "What is {expr}?"
@@ -70,10 +71,6 @@ LEVELS = {
 """Difficulty levels by number: operators, terms and operand digits."""
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # An expression tree: an int leaf, or (op, left, right).
@@ -190,9 +187,9 @@ def arithmetic_problems(
       `question_format` around the expression, answer the exact value as a
       string ("-26"), level "1".."5", subject "arithmetic".
     """
-    if not _is_int(n) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")
-    if not _is_int(seed):
+    if not is_int(seed):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if not isinstance(question_format, str) or "{expr}" not in question_format:
         raise ValueError(f"question_format must contain '{{expr}}', got {question_format!r}")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mathrl_jax.data.layouts import Problem, _as_text, _is_int, normalize_level
+from mathrl_jax.data.layouts import Problem, as_text, is_int, normalize_level
 
 MATH_SUBJECTS = (
     "algebra",
@@ -51,7 +51,7 @@ def filter_problems(
     subject_set = None if subjects is None else {_casefold_subject(s) for s in _as_collection(subjects, "subjects")}
     level_set = None if levels is None else {normalize_level(v) for v in _as_collection(levels, "levels")}
     for name, value in (("max_question_chars", max_question_chars), ("max_question_tokens", max_question_tokens)):
-        if value is not None and (not _is_int(value) or value < 1):
+        if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     if max_question_tokens is not None and tokenizer is None:
         raise ValueError("max_question_tokens needs a tokenizer")
@@ -80,7 +80,7 @@ def _as_collection(values: Any, name: str) -> list[Any]:
 
 
 def _casefold_subject(subject: Any) -> str:
-    return _as_text(subject).strip().casefold()
+    return as_text(subject).strip().casefold()
 
 
 def _num_tokens(tokenizer: Any, text: str) -> int:

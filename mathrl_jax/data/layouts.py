@@ -69,19 +69,19 @@ class FieldMapping:
             raise ValueError(f"FieldMapping {self.name!r}: answer is None, so a solution field is required")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     """An int and not a bool (True is an int to Python, not a count or a seed to us)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _preview(value: Any, limit: int = 60) -> str:
+def preview(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"expected a string or a number, got {_preview(value)}")  # noqa: TRY004
+        raise ValueError(f"expected a string or a number, got {preview(value)}")  # noqa: TRY004
     return value if isinstance(value, str) else str(value)
 
 
@@ -89,7 +89,7 @@ def normalize_level(level: Any) -> str | None:
     """2, "2", "Level 2" -> "2"; None -> None; any other text is kept stripped (e.g. "Level ?")."""
     if level is None:
         return None
-    text = _as_text(level).strip()
+    text = as_text(level).strip()
     match = re.fullmatch(r"(?:level\s*)?(\d+)", text, flags=re.IGNORECASE)
     return str(int(match.group(1))) if match else text
 
@@ -100,25 +100,25 @@ def gsm8k_final_answer(answer: str) -> str:
     "... so 48+24 = 72 clips.\\n#### 72" -> "72"; "#### 1,080" -> "1080" (as verl's gsm8k preprocessing).
     """
     if not isinstance(answer, str) or "####" not in answer:
-        raise ValueError(f"expected a string with '#### <answer>', got {_preview(answer)}")
+        raise ValueError(f"expected a string with '#### <answer>', got {preview(answer)}")
     final = answer.rsplit("####", 1)[1].strip().replace(",", "")
     if not final:
-        raise ValueError(f"nothing after '####' in {_preview(answer)}")
+        raise ValueError(f"nothing after '####' in {preview(answer)}")
     return final
 
 
 def gsm8k_rationale(answer: str) -> str:
     """GSM8K's worked solution: the text before the last "####", stripped."""
     if not isinstance(answer, str) or "####" not in answer:
-        raise ValueError(f"expected a string with '#### <answer>', got {_preview(answer)}")
+        raise ValueError(f"expected a string with '#### <answer>', got {preview(answer)}")
     return answer.rsplit("####", 1)[0].strip()
 
 
 def _first_solution(solutions: Any) -> str:
     if not isinstance(solutions, (list, tuple)) or not solutions:
-        raise ValueError(f"expected a non-empty list of solution strings, got {_preview(solutions)}")
+        raise ValueError(f"expected a non-empty list of solution strings, got {preview(solutions)}")
     if not isinstance(solutions[0], str):
-        raise ValueError(f"expected solution strings, got {_preview(solutions[0])}")  # noqa: TRY004
+        raise ValueError(f"expected solution strings, got {preview(solutions[0])}")  # noqa: TRY004
     return solutions[0]
 
 
@@ -126,7 +126,7 @@ def boba_answer(solutions: Any) -> str:
     """AReaL-boba's gold answer: the last `\\boxed{}` of the first solution."""
     boxed = last_boxed(_first_solution(solutions))
     if boxed is None or not boxed.strip():
-        raise ValueError(f"no \\boxed{{...}} answer in the first solution {_preview(solutions[0])}")
+        raise ValueError(f"no \\boxed{{...}} answer in the first solution {preview(solutions[0])}")
     return boxed.strip()
 
 
@@ -137,18 +137,18 @@ def verl_question(prompt: Any) -> str:
         return prompt
     messages = list(prompt) if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist") else None
     if not messages or not all(isinstance(m, Mapping) for m in messages):
-        raise ValueError(f"expected chat messages [{{'role': ..., 'content': ...}}, ...], got {_preview(prompt)}")
+        raise ValueError(f"expected chat messages [{{'role': ..., 'content': ...}}, ...], got {preview(prompt)}")
     users = [m for m in messages if m.get("role") == "user"]
     if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError(f"no user message with text content in {_preview(prompt)}")
+        raise ValueError(f"no user message with text content in {preview(prompt)}")
     return users[-1]["content"]
 
 
 def verl_ground_truth(reward_model: Any) -> str:
     """verl's gold answer: `reward_model["ground_truth"]` (a string or a number)."""
     if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
-        raise ValueError(f"expected {{'ground_truth': ..., 'style': ...}}, got {_preview(reward_model)}")
-    return _as_text(reward_model["ground_truth"])
+        raise ValueError(f"expected {{'ground_truth': ..., 'style': ...}}, got {preview(reward_model)}")
+    return as_text(reward_model["ground_truth"])
 
 
 def _is_math_task(row: Mapping[str, Any]) -> bool:

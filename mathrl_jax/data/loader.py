@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from mathrl_jax.data.layouts import Problem, _is_int
+from mathrl_jax.data.layouts import Problem, is_int
 
 
 def shuffled_order(num_items: int, seed: int, epoch: int) -> list[int]:
@@ -40,7 +40,7 @@ class ProblemLoader:
     def __init__(self, problems: Sequence[Problem], *, seed: int, shuffle: bool = True):
         if len(problems) == 0:
             raise ValueError("ProblemLoader needs at least one problem, got an empty sequence")
-        if not _is_int(seed):
+        if not is_int(seed):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self._problems = problems
         self._seed = seed
@@ -66,7 +66,7 @@ class ProblemLoader:
 
     def next_batch(self, n: int) -> list[Problem]:
         """The next `n` problems; crosses into the next epoch (reshuffled) when this one ends."""
-        if not _is_int(n) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"batch size must be a positive integer, got {n!r}")
         batch: list[Problem] = []
         size = len(self._problems)
@@ -98,7 +98,7 @@ class ProblemLoader:
             if key not in state:
                 raise ValueError(f"loader state {dict(state)!r} has no {key!r}")
             value = state[key]
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"loader state {key!r} must be a non-negative integer, got {value!r}")
             values[key] = value
         size = len(self._problems)

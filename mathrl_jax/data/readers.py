@@ -1,6 +1,6 @@
 """Reading the records of a local data file or `datasets` directory, and the `DataError` naming where one is bad.
 
-`_read_records(path, split, cache_dir)` yields `_Record`s (index, JSON-lines line, value)
+`read_records(path, split, cache_dir)` yields `Record`s (index, JSON-lines line, value)
 from `*.jsonl` / `*.json` (JSON lines or one JSON array), `*.parquet`, a `save_to_disk`
 directory or a dataset repository folder; nothing is downloaded.
 """
@@ -43,7 +43,7 @@ class DataError(MathRLError, ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Record:
+class Record:
     index: int  # 0-based among records
     line: int | None  # 1-based line of a JSON lines file
     value: Any
@@ -69,7 +69,7 @@ def _parse(text: str, path: str, line: int | None):
         raise DataError(f"{e} is not a JSON number (a missing or broken value?)", path=path, line=line) from None
 
 
-def _read_json_file(path: str) -> Iterator[_Record]:
+def _read_json_file(path: str) -> Iterator[Record]:
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -80,13 +80,13 @@ def _read_json_file(path: str) -> Iterator[_Record]:
     stripped = text.lstrip()
     if path.endswith(".json") and stripped.startswith("["):
         for i, value in enumerate(_parse(text, path, None)):
-            yield _Record(index=i, line=None, value=value)
+            yield Record(index=i, line=None, value=value)
         return
     index = 0
     for line_number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        yield _Record(index=index, line=line_number, value=_parse(line, path, line_number))
+        yield Record(index=index, line=line_number, value=_parse(line, path, line_number))
         index += 1
 
 
@@ -115,7 +115,7 @@ def _pick_split(dataset: Any, split: str | None, path: str) -> Any:
     return dataset
 
 
-def _read_with_datasets(path: str, split: str | None, cache_dir: str | None) -> Iterator[_Record]:
+def _read_with_datasets(path: str, split: str | None, cache_dir: str | None) -> Iterator[Record]:
     import datasets
 
     try:
@@ -131,10 +131,10 @@ def _read_with_datasets(path: str, split: str | None, cache_dir: str | None) -> 
         raise DataError(f"cannot be read with `datasets`: {type(e).__name__}: {e}", path=path) from e
     dataset = _pick_split(dataset, split, path)
     for i, value in enumerate(dataset):
-        yield _Record(index=i, line=None, value=value)
+        yield Record(index=i, line=None, value=value)
 
 
-def _read_records(path: str, split: str | None, cache_dir: str | None) -> Iterator[_Record]:
+def read_records(path: str, split: str | None, cache_dir: str | None) -> Iterator[Record]:
     if not os.path.exists(path):
         raise DataError("no such file or directory", path=path)
     if os.path.isdir(path):

@@ -14,12 +14,12 @@ from mathrl_jax.data.layouts import (
     FieldMapping,
     FieldName,
     Problem,
-    _as_text,
-    _preview,
+    as_text,
     detect_layout,
     normalize_level,
+    preview,
 )
-from mathrl_jax.data.readers import DataError, _Record
+from mathrl_jax.data.readers import DataError, Record
 from mathrl_jax.rewards.extraction import last_boxed
 
 
@@ -41,21 +41,21 @@ def _field_label(field: FieldName) -> str:
     return " or ".join(_alternatives(field))
 
 
-# Bad values raise ValueError in the layouts' field functions and in `_as_text` / `normalize_level`;
-# `_RowReader` re-raises them as a DataError naming the file, the line or row, and the field.
+# Bad values raise ValueError in the layouts' field functions and in `as_text` / `normalize_level`;
+# `RowReader` re-raises them as a DataError naming the file, the line or row, and the field.
 
 
-class _RowReader:
+class RowReader:
     def __init__(self, mapping: FieldMapping, path: str):
         self.mapping = mapping
         self.path = path
         self.stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
 
-    def error(self, record: _Record, message: str, field: str | None = None) -> DataError:
+    def error(self, record: Record, message: str, field: str | None = None) -> DataError:
         row = record.index if record.line is None else None
         return DataError(message, path=self.path, line=record.line, row=row, field=field)
 
-    def required(self, record: _Record, field: FieldName) -> tuple[str, Any]:
+    def required(self, record: Record, field: FieldName) -> tuple[str, Any]:
         name, value = _lookup(record.value, field)
         if name is None:
             nulls = [n for n in _alternatives(field) if n in record.value]
@@ -65,25 +65,25 @@ class _RowReader:
             raise self.error(record, f"missing (the record's fields: {present})", _field_label(field))
         return name, value
 
-    def convert(self, record: _Record, name: str, value: Any, fn: Callable[[Any], str] | None) -> str:
+    def convert(self, record: Record, name: str, value: Any, fn: Callable[[Any], str] | None) -> str:
         """The field's text; a required field must not be blank."""
         text = self.text(record, name, value, fn)
         if not text.strip():
             raise self.error(record, "empty", name)
         return text
 
-    def text(self, record: _Record, name: str, value: Any, fn: Callable[[Any], str] | None) -> str:
+    def text(self, record: Record, name: str, value: Any, fn: Callable[[Any], str] | None) -> str:
         try:
-            text = fn(value) if fn is not None else _as_text(value)
+            text = fn(value) if fn is not None else as_text(value)
             if not isinstance(text, str):
-                raise ValueError(f"the field's function returned {_preview(text)}, not a string")  # noqa: TRY004
+                raise ValueError(f"the field's function returned {preview(text)}, not a string")  # noqa: TRY004
         except ValueError as e:
             raise self.error(record, str(e), name) from None
         except Exception as e:  # a user's answer_fn / solution_fn failing otherwise: still name the record
             raise self.error(record, f"{type(e).__name__}: {e}", name) from e
         return text
 
-    def optional(self, record: _Record, field: FieldName | None, fn=None) -> str | None:
+    def optional(self, record: Record, field: FieldName | None, fn=None) -> str | None:
         """The field's text, or None when the record lacks the field or it is blank."""
         name, value = _lookup(record.value, field)
         if name is None:
@@ -91,10 +91,10 @@ class _RowReader:
         text = self.text(record, name, value, fn)
         return text if text.strip() else None
 
-    def problem(self, record: _Record) -> Problem | None:
+    def problem(self, record: Record) -> Problem | None:
         m = self.mapping
         if not isinstance(record.value, Mapping):
-            raise self.error(record, f"expected a JSON object (a record), got {_preview(record.value)}")
+            raise self.error(record, f"expected a JSON object (a record), got {preview(record.value)}")
         if m.keep_row is not None and not m.keep_row(record.value):
             return None
         name, value = self.required(record, m.question)
@@ -119,13 +119,13 @@ class _RowReader:
         return Problem(uid=uid, question=question, answer=answer, solution=solution, level=level, subject=subject)
 
 
-def _resolve_layout(layout: str | FieldMapping, first: _Record, path: str) -> FieldMapping:
+def resolve_layout(layout: str | FieldMapping, first: Record, path: str) -> FieldMapping:
     if isinstance(layout, FieldMapping):
         return layout
     if layout == "auto":
         if not isinstance(first.value, Mapping):
             raise DataError(
-                f"expected a JSON object (a record), got {_preview(first.value)}",
+                f"expected a JSON object (a record), got {preview(first.value)}",
                 path=path,
                 line=first.line,
                 row=first.index if first.line is None else None,

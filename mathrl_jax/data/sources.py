@@ -54,18 +54,18 @@ from mathrl_jax.data.layouts import (
     FieldMapping,
     FieldName,
     Problem,
-    _is_int,
     boba_answer,
     detect_layout,
     gsm8k_final_answer,
     gsm8k_rationale,
+    is_int,
     normalize_level,
     verl_ground_truth,
     verl_question,
 )
 from mathrl_jax.data.loader import ProblemLoader, shuffled_order
-from mathrl_jax.data.readers import DataError, _read_records, _Record
-from mathrl_jax.data.records import _resolve_layout, _RowReader
+from mathrl_jax.data.readers import DataError, Record, read_records
+from mathrl_jax.data.records import RowReader, resolve_layout
 from mathrl_jax.rewards.extraction import last_boxed
 
 __all__ = [
@@ -122,16 +122,16 @@ def load_problems(
         the message names the file, the line (JSON lines) or row, and the field.
     """
     path = os.fspath(path)
-    if limit is not None and (not _is_int(limit) or limit < 1):
+    if limit is not None and (not is_int(limit) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
-    records = _read_records(path, split, cache_dir)
+    records = read_records(path, split, cache_dir)
     first = next(records, None)
     if first is None:
         raise DataError("empty: no records", path=path)
-    reader = _RowReader(_resolve_layout(layout, first, path), path)
+    reader = RowReader(resolve_layout(layout, first, path), path)
 
     problems: list[Problem] = []
-    seen: dict[str, _Record] = {}
+    seen: dict[str, Record] = {}
     for record in _chain_first(first, records):
         problem = reader.problem(record)
         if problem is None:
@@ -155,6 +155,6 @@ def load_problems(
     return kept[:limit] if limit is not None else kept
 
 
-def _chain_first(first: _Record, rest: Iterator[_Record]) -> Iterator[_Record]:
+def _chain_first(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
     yield first
     yield from rest

@@ -25,7 +25,7 @@ from flax import nnx
 from mathrl_jax.models import lora
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
-from mathrl_jax.models.safetensors_io import ModelCheckpointError, _write_safetensors, checkpoint_tensors
+from mathrl_jax.models.safetensors_io import ModelCheckpointError, checkpoint_tensors, write_safetensors
 
 Path = Tuple[str, ...]
 
@@ -258,7 +258,7 @@ def write_checkpoint(
 
     def flush():
         path = os.path.join(directory, f"model-part-{len(written) + 1:05d}.safetensors")
-        _write_safetensors(path, current)
+        write_safetensors(path, current)
         written.append((path, list(current)))
 
     for name, value in tensors:

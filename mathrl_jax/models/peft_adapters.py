@@ -17,7 +17,7 @@ import numpy as np
 
 from mathrl_jax.models import hf
 from mathrl_jax.models.qwen import QwenConfig
-from mathrl_jax.models.safetensors_io import ModelCheckpointError, SafetensorsFile, _write_safetensors
+from mathrl_jax.models.safetensors_io import ModelCheckpointError, SafetensorsFile, write_safetensors
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -64,7 +64,7 @@ def export_adapters(state, config: QwenConfig, directory: str, base_model_name_o
         raise ValueError("the model has no LoRA adapters to export (lora_rank=0)")
     os.makedirs(directory, exist_ok=True)
     arrays = {name: np.asarray(jax.device_get(value), np.float32) for name, value in adapter_tensors(state, config)}
-    _write_safetensors(os.path.join(directory, WEIGHTS_FILE), arrays)
+    write_safetensors(os.path.join(directory, WEIGHTS_FILE), arrays)
     with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(peft_config(config, base_model_name_or_path), f, indent=2)
 

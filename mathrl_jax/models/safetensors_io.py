@@ -1,7 +1,7 @@
 """The safetensors format, read and written here by hand: a little-endian header length, a JSON header, the data.
 
 `SafetensorsFile` reads one file through a memory map, `checkpoint_tensors` finds every tensor of a single-file or
-sharded (index.json) checkpoint directory, `_write_safetensors` streams one file to disk; their docstrings say why
+sharded (index.json) checkpoint directory, `write_safetensors` streams one file to disk; their docstrings say why
 the `safetensors` package does not do it. `models/hf.py` maps these tensors to and from the model's parameters.
 """
 
@@ -107,7 +107,7 @@ def checkpoint_tensors(directory: str) -> Dict[str, SafetensorsFile]:
     return {name: file for name in file.keys()}
 
 
-def _write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
+def write_safetensors(path: str, tensors: Dict[str, np.ndarray]) -> None:
     """One `.safetensors` file, written whole (`files.atomic_write`), one tensor's bytes at a time.
 
     `safetensors.numpy.save_file` would turn every tensor of the shard into a bytes object before writing (its

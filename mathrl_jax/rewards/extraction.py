@@ -24,7 +24,7 @@ _FALLBACK_ANCHORS = re.compile(r"\banswer(?:\s+is\b[ \t]*:?|[ \t]*:)|^####", re.
 _MINERVA_TAIL = re.compile(r"\.?\s*I hope it is correct.*$", re.IGNORECASE)
 
 
-def _require_str(value, name: str) -> None:
+def require_str(value, name: str) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}: {value!r:.80}")
 
@@ -81,7 +81,7 @@ def extract_boxed(text: str) -> str | None:
     response started is the one that counts, as in verl. Escaped braces `\\{`, `\\}`
     do not open or close a group. Returns the raw content (possibly "" for `\\boxed{}`).
     """
-    _require_str(text, "text")
+    require_str(text, "text")
     return _last_box(text)[1]
 
 
@@ -89,7 +89,7 @@ last_boxed = extract_boxed
 """The name `mathrl_jax.data` knows the parser by (the gold answer of a solution): the same function."""
 
 
-def _clean_answer(answer: str) -> str:
+def clean_answer(answer: str) -> str:
     """Strips whitespace, a trailing period, and math delimiters around the whole answer."""
     answer = answer.strip()
     for _ in range(3):
@@ -114,7 +114,7 @@ def _fallback_answer(response: str) -> str | None:
     line_end = response.find("\n", last.end())
     rest = response[last.end() : line_end if line_end >= 0 else len(response)]
     rest = _MINERVA_TAIL.sub("", rest)
-    answer = _clean_answer(rest)
+    answer = clean_answer(rest)
     return answer or None
 
 
@@ -128,22 +128,22 @@ def extract_answer(response: str) -> str | None:
     start of a line; Minerva's ". I hope it is correct." and `$...$` around the
     answer are removed.
     """
-    _require_str(response, "response")
+    require_str(response, "response")
     has_box, boxed = _last_box(response)
     if has_box:
         return (boxed.strip() or None) if boxed is not None else None
     return _fallback_answer(response)
 
 
-def _gold_answer(gold: str) -> str:
+def gold_answer(gold: str) -> str:
     """The gold answer to grade against: the content of its last box if it has one (a full solution), else itself."""
-    _require_str(gold, "gold")
+    require_str(gold, "gold")
     answer = gold
     if any(command in gold for command in _BOX_COMMANDS):
         boxed = extract_boxed(gold)
         if boxed is not None and boxed.strip():
             answer = boxed
-    answer = _clean_answer(answer)
+    answer = clean_answer(answer)
     if not answer:
         raise ValueError(f"gold answer {gold!r} is empty; every sample needs a reference answer")
     return answer

@@ -49,11 +49,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from mathrl_jax.rewards.extraction import (
-    _clean_answer,
-    _gold_answer,
-    _require_str,
+    clean_answer,
     extract_answer,
     extract_boxed,
+    gold_answer,
+    require_str,
 )
 from mathrl_jax.rewards.worker_pool import DEFAULT_MEMORY_LIMIT_BYTES, DEFAULT_STARTUP_TIMEOUT_S, WorkerPool
 
@@ -161,13 +161,13 @@ def _plain_integer_verdict(gold_answer: str, answer: str) -> str | None:
 
 def _grade_without_worker(response: str, gold_answer: str) -> tuple[GradeResult | None, str, bool]:
     """(the verdict if no worker is needed, else None; the answer; formatted): no answer, or plain integers."""
-    _require_str(response, "response")
+    require_str(response, "response")
     boxed = extract_boxed(response)
     formatted = boxed is not None and bool(boxed.strip())
     answer = extract_answer(response)
     if answer is None:
         return GradeResult("no_answer", None, formatted), answer, formatted
-    status = _plain_integer_verdict(gold_answer, _clean_answer(answer))
+    status = _plain_integer_verdict(gold_answer, clean_answer(answer))
     return (None if status is None else GradeResult(status, answer, formatted)), answer, formatted
 
 
@@ -175,7 +175,7 @@ def _grade_with(pool: WorkerPool, response: str, gold_answer: str, timeout_s: fl
     result, answer, formatted = _grade_without_worker(response, gold_answer)
     if result is not None:
         return result
-    status, detail = pool.run(gold_answer, _clean_answer(answer), timeout_s)
+    status, detail = pool.run(gold_answer, clean_answer(answer), timeout_s)
     return GradeResult(status, answer, formatted, detail)
 
 
@@ -230,8 +230,8 @@ def grade(response: str, gold: str, *, timeout_s: float = 5.0) -> GradeResult:
       non-positive timeout: mistakes of the caller, not of the model.
     """
     timeout_s = _check_timeout(timeout_s)
-    gold_answer = _gold_answer(gold)
-    return _grade_with(_default_pool(), response, gold_answer, timeout_s)
+    gold_text = gold_answer(gold)
+    return _grade_with(_default_pool(), response, gold_text, timeout_s)
 
 
 class MathGrader:
@@ -280,11 +280,11 @@ class MathGrader:
         if len(responses) != len(golds):
             raise ValueError(f"got {len(responses)} responses but {len(golds)} gold answers")
         for i, response in enumerate(responses):
-            _require_str(response, f"responses[{i}]")
+            require_str(response, f"responses[{i}]")
         gold_answers = []
         for i, gold in enumerate(golds):
             try:
-                gold_answers.append(_gold_answer(gold))
+                gold_answers.append(gold_answer(gold))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"golds[{i}]: {e}") from None
         # Verdicts that need no worker (no answer, plain integers) are taken here: a thread hop costs more.

@@ -180,7 +180,7 @@ def row_keys(seed, num_rows: int, first_row=0) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), first_row + jnp.arange(num_rows))
 
 
-_row_keys = jax.jit(row_keys, static_argnums=1)
+jitted_row_keys = jax.jit(row_keys, static_argnums=1)
 
 
 def compact_carry(carry, keys, origin, left, shards):

@@ -48,9 +48,9 @@ from mathrl_jax.sampling.decoding import (
     ROW_OUTPUTS,
     RUNNING,
     STOPPED,
-    _row_keys,
     compact_carry,
     decode,
+    jitted_row_keys,
     prefill,
     row_keys,
 )
@@ -173,7 +173,7 @@ class JaxSampler:
     def _row_keys(self, seed: int, num_rows: int, first_row: int = 0) -> jax.Array:
         """`row_keys`, as one compiled program for the seeds an int32 holds (it keys exactly as the Python int)."""
         if 0 <= seed < 2**31:
-            return _row_keys(jax.device_put(np.int32(seed)), num_rows, jax.device_put(np.int32(first_row)))
+            return jitted_row_keys(jax.device_put(np.int32(seed)), num_rows, jax.device_put(np.int32(first_row)))
         return row_keys(seed, num_rows, first_row)
 
     def generate(self, prompts: Sequence[Union[str, Sequence[int]]], params: SamplingParams) -> Rollouts:

@@ -14,7 +14,7 @@
 | `interval`         | `Interval`, the result of both, and the check of the values                            |
 
 NumPy and SciPy only; nothing here imports the rest of the package. The unbiased pass@k estimator (Chen et al. 2021) is
-`mathrl_jax.train.metrics.pass_at_k`, where the evaluation uses it; the runs log `eval/pass@{k}`.
+`mathrl_jax.evaluation.pass_at_k`, where the evaluation uses it; the runs log `eval/pass@{k}`.
 """
 
 from mathrl_jax.stats.bootstrap import bootstrap_difference_interval, bootstrap_mean_interval

@@ -24,21 +24,23 @@ import numpy as np
 from flax import nnx
 
 from mathrl_jax import files
+from mathrl_jax.errors import TrainingError
+from mathrl_jax.evaluation import completion_samples, held_out_accuracy
 from mathrl_jax.models import hf, peft_adapters
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train.async_loop import AsyncRollouts, pending_to_checkpoint
 from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, prepare_batch
-from mathrl_jax.train.build import PENDING_KEY, SHAPES_KEY, build_run
-from mathrl_jax.train.checkpoint_faults import DISK_ERRNOS
-from mathrl_jax.train.collect import Collected, SyncRollouts
-from mathrl_jax.train.evaluation import completion_samples, held_out_accuracy
-from mathrl_jax.train.lora_base import LORA_BASE_KEY
-from mathrl_jax.train.multiturn import EnvRollouts, evaluate_games
-from mathrl_jax.train.progress import Progress
-from mathrl_jax.train.run import RewardFn, Run, RunSettings
-from mathrl_jax.train.run_lock import release_run_dir
+from mathrl_jax.train.checkpoint import DISK_ERRNOS, LORA_BASE_KEY
+from mathrl_jax.train.reporting import Progress
+from mathrl_jax.train.rollouts import (
+    AsyncRollouts,
+    Collected,
+    EnvRollouts,
+    SyncRollouts,
+    evaluate_games,
+    pending_to_checkpoint,
+)
+from mathrl_jax.train.setup import PENDING_KEY, SHAPES_KEY, RewardFn, Run, RunSettings, build_run, release_run_dir
 from mathrl_jax.train.state import TrainState, model_params
-from mathrl_jax.train.validation import TrainingError
 
 
 @contextlib.contextmanager

@@ -20,10 +20,11 @@ from mathrl_jax.data.arithmetic import arithmetic_train_eval
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler
-from mathrl_jax.train import sections, sft
-from mathrl_jax.train.passes import policy_logprobs
-from mathrl_jax.train.problems import encode_prompts, prompt_settings
-from mathrl_jax.train.warmstart import warmstart_examples
+from mathrl_jax.train.rollouts._problems import encode_prompts, prompt_settings
+from mathrl_jax.train.setup import _sections as sections
+from mathrl_jax.train.update._passes import policy_logprobs
+from mathrl_jax.train.warmstart import _sft as sft
+from mathrl_jax.train.warmstart._warmstart import warmstart_examples
 
 WARMSTART_STEPS = 300
 LOGPROB_ATOL = 2e-4  # float32 engine vs float32 JAX: different kernels, the same function

@@ -13,7 +13,7 @@ import pytest
 from mathrl_jax import sharding as S
 from mathrl_jax.models import hf
 from mathrl_jax.sampling import SamplingParams
-from mathrl_jax.train.passes import policy_logprobs
+from mathrl_jax.train.update._passes import policy_logprobs
 from tests.sampling.conftest import LOGPROB_ATOL, require_vllm
 
 require_vllm()

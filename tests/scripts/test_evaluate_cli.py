@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from mathrl_jax.data import format_prompt, load_problems
+from mathrl_jax.evaluation import evaluate, token_batches
 from mathrl_jax.models import write_tiny_checkpoint
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train.evaluation import evaluate, token_batches
 
 
 def pow2(n, minimum):

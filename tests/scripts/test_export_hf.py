@@ -18,7 +18,7 @@ from flax import nnx
 
 from mathrl_jax.models import hf, write_tiny_checkpoint
 from mathrl_jax.train import loop
-from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from tests.train import loop_fixtures as loop_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -254,7 +254,7 @@ def configured(row, flags=(), config=None):
 
 def test_every_algorithm_has_a_row_and_every_rows_settings_are_valid(tmp_path):
     from mathrl_jax.train import algorithms
-    from mathrl_jax.train.validation import validate_config
+    from mathrl_jax.train.setup._validation import validate_config
 
     module = load_script()
     assert set(module.ALGORITHM_ROWS) == set(algorithms.NAMES)

@@ -312,7 +312,7 @@ def test_a_second_run_on_a_locked_run_dir_is_refused(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from mathrl_jax.train.run_lock import acquire_run_dir; "
+            "import sys, time; from mathrl_jax.train.setup._run_lock import acquire_run_dir; "
             f"acquire_run_dir({str(run_dir)!r}); print('held', flush=True); time.sleep(120)",
         ],
         cwd=ROOT,
@@ -357,7 +357,7 @@ def test_help_lists_every_option_with_its_value_and_meaning(flag, tmp_path):
     import importlib
 
     from mathrl_jax.configs import default
-    from mathrl_jax.train.validation import flat_items
+    from mathrl_jax.train.setup._validation import flat_items
 
     recipe = "mathrl_jax/configs/grpo_qwen_math.py"
     env = dict(os.environ, JAX_PLATFORMS="cpu")

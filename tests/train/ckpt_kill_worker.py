@@ -30,7 +30,7 @@ def make_state(step: int) -> dict:
 def main(directory: str) -> None:
     import jax
 
-    from mathrl_jax.train.checkpoint import Checkpointer
+    from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 
     def on_device(state):
         return jax.tree.map(lambda x: jax.numpy.asarray(x) if isinstance(x, np.ndarray) else x, state)

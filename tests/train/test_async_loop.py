@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train.async_loop import pending_from_checkpoint, pending_to_checkpoint
-from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.checkpoint_errors import CorruptCheckpointError
-from mathrl_jax.train.collect import Collected
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
+from mathrl_jax.train.checkpoint._errors import CorruptCheckpointError
+from mathrl_jax.train.rollouts._async import pending_from_checkpoint, pending_to_checkpoint
+from mathrl_jax.train.rollouts._collect import Collected
 
 
 def awkward_batch():

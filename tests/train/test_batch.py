@@ -7,8 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mathrl_jax.train import advantages as advantages_lib
-from mathrl_jax.train import batch, build, collect, sections
+from mathrl_jax.train.batch import _advantages as advantages_lib
+from mathrl_jax.train.batch import _prepare as batch
+from mathrl_jax.train.rollouts import _collect as collect
+from mathrl_jax.train.setup import _build as build
+from mathrl_jax.train.setup import _sections as sections
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 
 
@@ -63,7 +66,7 @@ def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, t
     np.testing.assert_allclose(new, old, atol=1e-5)
     assert np.all(new[~mask] == 0) and metrics["rollout/sampler_logprob_diff"] < 1e-5
     for key in recomputed:
-        if key not in ("old_logprobs", batch.minibatches.PACKED):
+        if key not in ("old_logprobs", batch.update.PACKED):
             np.testing.assert_allclose(np.asarray(reported[key]), np.asarray(recomputed[key]), atol=1e-5, err_msg=key)
 
 
@@ -99,7 +102,7 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
         run.rollouts.grader.close()
         run.checkpointer.close()
         run.logger.close()
-    trained = set(np.asarray(prepared[batch.minibatches.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
+    trained = set(np.asarray(prepared[batch.update.PACKED]["rows"]).ravel().tolist()) - {len(rollouts)}
     advantages = np.asarray(prepared["advantages"])
     assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
     assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())

@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mathrl_jax import sharding as S
-from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.checkpoint_errors import CheckpointError
-from mathrl_jax.train.checkpoint_tree import TargetMismatchError
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
+from mathrl_jax.train.checkpoint._errors import CheckpointError
+from mathrl_jax.train.checkpoint._tree import TargetMismatchError
 from tests.train.ckpt_kill_worker import make_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mathrl_jax.train import checksums
-from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.checkpoint_errors import CheckpointError, CorruptCheckpointError, UnverifiedCheckpointError
+from mathrl_jax.train.checkpoint import _checksums as checksums
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
+from mathrl_jax.train.checkpoint._errors import CheckpointError, CorruptCheckpointError, UnverifiedCheckpointError
 
 
 def make_state(step):
@@ -57,7 +57,7 @@ def test_a_flipped_byte_in_the_latest_step_restores_the_previous_step_and_says_s
     save_steps(tmp_path, [2, 4])
     flip_a_byte(tmp_path, 4)
     with Checkpointer(tmp_path, save_interval=2) as checkpointer:
-        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
             state, metadata = checkpointer.restore(make_state(0))
         assert metadata == {"iteration": 2}  # not the damaged step 4
         assert checkpointer.restored_step == 2
@@ -83,7 +83,7 @@ def test_edited_metadata_is_refused_too(tmp_path, caplog):
     metadata_file = tmp_path / "4" / "metadata" / "metadata"
     metadata_file.write_text(metadata_file.read_text().replace("4", "5"))  # still JSON, another iteration
     with Checkpointer(tmp_path, save_interval=2) as checkpointer:
-        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
             _, metadata = checkpointer.restore(make_state(0))
     assert metadata == {"iteration": 2} and "its metadata differ" in caplog.text
 
@@ -133,7 +133,7 @@ def test_a_step_whose_checksums_were_deleted_is_refused_as_damaged(tmp_path, cap
     flip_a_byte(tmp_path, 4)
     remove_checksums(tmp_path, 4)
     with Checkpointer(tmp_path, save_interval=2, max_to_keep=1) as checkpointer:
-        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
             state, metadata = checkpointer.restore(make_state(0))
         assert metadata == {"iteration": 2} and checkpointer.restored_step == 2
         assert_equal_state(state, make_state(2))
@@ -154,7 +154,7 @@ def test_a_step_without_checksums_after_one_with_them_is_refused_as_damaged(tmp_
     save_steps(tmp_path, [2, 4])
     remove_checksums(tmp_path, 4, from_metadata=True)
     with Checkpointer(tmp_path, save_interval=2, allow_unverified=True) as checkpointer:
-        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
             _, metadata = checkpointer.restore(make_state(0))
     assert metadata == {"iteration": 2} and "the older step 2 has some" in caplog.text
 
@@ -168,7 +168,7 @@ def test_a_step_saved_before_checksums_restores_only_when_allowed(tmp_path, capl
         with pytest.raises(UnverifiedCheckpointError):
             checkpointer.restore(make_state(0), step=2)
     with Checkpointer(tmp_path, save_interval=2, allow_unverified=True) as checkpointer:
-        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
             state, metadata = checkpointer.restore(make_state(0))
     assert metadata == {"iteration": 2} and "restored unverified" in caplog.text
     assert_equal_state(state, make_state(2))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from mathrl_jax.train import loop
-from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 from tests.train.test_checkpoint_integrity import flip_a_byte
 
@@ -27,7 +27,7 @@ def test_a_resume_past_a_damaged_latest_step_trains_as_the_uninterrupted_run(mod
     checkpoints = str(tmp_path / "b" / "checkpoints")
     assert Checkpointer(checkpoints, save_interval=2).all_steps() == [2, 4]
     flip_a_byte(checkpoints, 4)
-    with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="mathrl_jax.train.checkpoint._checkpointer"):
         resumed, history = trained(model_dir, tmp_path / "b", 6)
     assert "checkpoint step 4" in caplog.text and "restored step 2, the newest intact step" in caplog.text
     assert [i for i, _ in history] == [3, 4, 5, 6]  # from step 2 on

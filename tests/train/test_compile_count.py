@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from mathrl_jax.train import loop
-from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -7,7 +7,12 @@ import pytest
 
 from mathrl_jax.configs import countdown as countdown_recipe
 from mathrl_jax.data.countdown import check_derivation, parse_instance
-from mathrl_jax.train import build, problems, resume, sections, validation, warmstart
+from mathrl_jax.train.rollouts import _problems as problems
+from mathrl_jax.train.setup import _build as build
+from mathrl_jax.train.setup import _resume as resume
+from mathrl_jax.train.setup import _sections as sections
+from mathrl_jax.train.setup import _validation as validation
+from mathrl_jax.train.warmstart import _warmstart as warmstart
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
 
 
@@ -89,7 +94,7 @@ def test_data_and_the_harder_split(model_dir, tmp_path):  # noqa: F811
     assert len(hard) == 30 == len({p.question for p in hard})
     assert all(len(parse_instance(p.question).numbers) == 5 for p in hard)
     assert hard == problems.load_hard_eval(config, train, held_out)
-    assert "countdown.eval_count" in resume.RESUME_MAY_CHANGE  # evaluation only: a resumed run may change it
+    assert "countdown.eval_count" in resume.resume_may_change()  # evaluation only: a resumed run may change it
 
 
 def test_the_warmstart_imitates_the_countdown_teacher_and_records_the_task(model_dir, tmp_path):  # noqa: F811

@@ -14,7 +14,8 @@ from mathrl_jax.configs import default
 from mathrl_jax.data import arithmetic
 from mathrl_jax.models import QwenForCausalLM, export_checkpoint, write_tiny_checkpoint
 from mathrl_jax.models.codec import TextCodec
-from mathrl_jax.train import loop, sft
+from mathrl_jax.train import loop
+from mathrl_jax.train.warmstart import _sft as sft
 
 # One-digit a+b / a-b (155 distinct problems): a small model memorises them in seconds.
 LEVEL = 1
@@ -138,8 +139,8 @@ def test_each_family_beats_its_control(family, warm_dir, tmp_path):
 def carry_warm_dir(tmp_path_factory):
     """The offline default's warm-start, as the build makes it: the tiny model imitating the teacher that works
     two-digit a+b / a-b column by column ("7+8=15,5+3+1=9,\\boxed{95}") and drops the carry 70% of the time."""
-    from mathrl_jax.train import sections
-    from mathrl_jax.train.warmstart import warmstart_examples
+    from mathrl_jax.train.setup import _sections as sections
+    from mathrl_jax.train.warmstart._warmstart import warmstart_examples
 
     root = tmp_path_factory.mktemp("carry")
     initial = os.path.join(root, "initial")

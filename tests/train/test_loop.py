@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from mathrl_jax.train import collect, loop
+from mathrl_jax.train import loop
+from mathrl_jax.train.rollouts import _collect as collect
 from tests.train.loop_fixtures import (  # noqa: F401  (the fixture)
     first_char_reward,
     model_dir,

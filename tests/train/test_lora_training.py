@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.models import hf, peft_adapters, write_tiny_checkpoint
 from mathrl_jax.models.safetensors_io import checkpoint_tensors
 from mathrl_jax.train import loop
-from mathrl_jax.train.checkpoint import Checkpointer
-from mathrl_jax.train.validation import TrainingError
+from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from tests.train.loop_fixtures import (  # noqa: F401  (the fixture)
     model_dir,
     run_and_record,

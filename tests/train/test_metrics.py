@@ -22,14 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tensorboardX.proto import event_pb2
 
-from mathrl_jax.train.metric_names import METRIC_NAMES, documented_name
-from mathrl_jax.train.metrics import (
-    RESERVED_KEYS,
-    MetricsLogger,
-    pass_at_k,
-    read_jsonl_metrics,
-)
-from mathrl_jax.train.progress import Progress
+from mathrl_jax.evaluation import pass_at_k
+from mathrl_jax.train.reporting import METRIC_NAMES, RESERVED_KEYS, MetricsLogger, Progress, read_jsonl_metrics
+from mathrl_jax.train.reporting._names import documented_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOT_SCRIPT = os.path.join(ROOT, "scripts", "plot_metrics.py")

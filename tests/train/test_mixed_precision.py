@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 from mathrl_jax.models import QwenForCausalLM, tiny_config
-from mathrl_jax.train import sections
-from mathrl_jax.train.passes import compute_logprobs_fn
+from mathrl_jax.train.setup import _sections as sections
 from mathrl_jax.train.state import create_train_state, make_optimizer, model_params
-from mathrl_jax.train.update import make_update_fn
+from mathrl_jax.train.update._passes import compute_logprobs_fn
+from mathrl_jax.train.update._step import make_update_fn
 
 RECIPES = ("default", "grpo_qwen_math", "dapo_qwen_math", "openr_appo", "openr_tppo", "areal_async", "gem_guess_number")
 ROWS, LENGTH, UPDATES = 16, 24, 3

@@ -1,4 +1,4 @@
-"""The multi-turn pieces around the rollouts (train/multiturn.py): what counts as a win, the control's shuffled
+"""The multi-turn pieces around the rollouts (train/rollouts/_multiturn.py): what counts as a win, the control's shuffled
 turn rewards, and the warm-start's examples prompted exactly as the RL prompts the policy."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 from mathrl_jax.envs import Episode, guess_number_teacher
 from mathrl_jax.models.codec import TextCodec
-from mathrl_jax.train import multiturn
-from mathrl_jax.train.problems import PromptSettings
+from mathrl_jax.train.rollouts import _multiturn as multiturn
+from mathrl_jax.train.rollouts._problems import PromptSettings
 from tests.train.loop_fixtures import model_dir  # noqa: F401
 
 
@@ -53,7 +53,7 @@ def test_warmstart_examples_are_the_teachers_turns_prompted_as_the_rl_prompts(te
     codec = TextCodec(model_dir)
     game = multiturn.GameSettings("guess_number", env_kwargs=(("max_number", 20), ("max_turns", 5), ("min_number", 1)))
     prompts = PromptSettings(template=template, max_length=96)
-    examples = multiturn.warmstart_examples(game, codec, prompts, games=6, slip_rate=0.5, seed=2)
+    examples = multiturn.game_warmstart_examples(game, codec, prompts, games=6, slip_rate=0.5, seed=2)
     seeds = multiturn.warmstart_seeds(2, 6)
     episodes = guess_number_teacher.teacher_games(seeds, slip_rate=0.5, rng_seed=2, max_turns=5)
     expected = []
@@ -93,8 +93,9 @@ def test_a_reused_warmstart_of_another_task_is_refused(tmp_path):
     import json
 
     from mathrl_jax.configs import default, guess_number_tiny
-    from mathrl_jax.train import sections, warmstart
-    from mathrl_jax.train.validation import TrainingError
+    from mathrl_jax.errors import TrainingError
+    from mathrl_jax.train.setup import _sections as sections
+    from mathrl_jax.train.warmstart import _warmstart as warmstart
 
     def record_of(config):
         directory = tmp_path / str(len(list(tmp_path.iterdir())))

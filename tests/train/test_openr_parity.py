@@ -20,12 +20,14 @@ from flax import nnx
 from mathrl_jax import losses
 from mathrl_jax.configs import openr_appo, openr_tppo
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, codec, tiny_config
-from mathrl_jax.train import advantages as advantages_lib
-from mathrl_jax.train import problems, sections, validation
-from mathrl_jax.train.minibatches import minibatch_order
-from mathrl_jax.train.passes import critic_values, policy_logprobs
+from mathrl_jax.train.batch import _advantages as advantages_lib
+from mathrl_jax.train.rollouts import _problems as problems
+from mathrl_jax.train.setup import _sections as sections
+from mathrl_jax.train.setup import _validation as validation
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import make_update_fn
+from mathrl_jax.train.update._minibatches import minibatch_order
+from mathrl_jax.train.update._passes import critic_values, policy_logprobs
+from mathrl_jax.train.update._step import make_update_fn
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, P, T = 8, 4, 12  # answers, prompt tokens, answer tokens

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
 from mathrl_jax.models.attention import default_positions
-from mathrl_jax.train import packing
-from mathrl_jax.train.minibatches import PACKED, with_packing
-from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn, packed_inputs, unpack
 from mathrl_jax.train.state import create_train_state
-from mathrl_jax.train.update import UpdateConfig, make_update_fn
+from mathrl_jax.train.update import _packing as packing
+from mathrl_jax.train.update._minibatches import PACKED, with_packing
+from mathrl_jax.train.update._passes import compute_logprobs_fn, compute_values_fn, packed_inputs, unpack
+from mathrl_jax.train.update._step import UpdateConfig, make_update_fn
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, P, L = 12, 6, 18  # rows, prompt column, width

@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 
 from mathrl_jax.models import QwenForCausalLM, tiny_config
-from mathrl_jax.train.passes import compute_logprobs_fn
 from mathrl_jax.train.state import create_train_state, make_optimizer
-from mathrl_jax.train.update import UpdateConfig, make_update_fn
+from mathrl_jax.train.update._passes import compute_logprobs_fn
+from mathrl_jax.train.update._step import UpdateConfig, make_update_fn
 
 VOCAB = 151_936  # Qwen2 / Qwen2.5 / Qwen3
 ROWS, LENGTH = 4, 512

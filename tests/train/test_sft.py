@@ -12,7 +12,7 @@ from flax import nnx
 from mathrl_jax.data.arithmetic import arithmetic_problems
 from mathrl_jax.models import QwenForCausalLM, char_tokenizer, tiny_config
 from mathrl_jax.sampling import Rollouts
-from mathrl_jax.train.sft import (
+from mathrl_jax.train.warmstart._sft import (
     example_order,
     sft_batch,
     sft_examples,

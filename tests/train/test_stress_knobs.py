@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from mathrl_jax.sampling.base import Rollouts
-from mathrl_jax.train import collect, sections, validation
+from mathrl_jax.train.rollouts import _collect as collect
+from mathrl_jax.train.setup import _sections as sections
+from mathrl_jax.train.setup import _validation as validation
 from tests.train.loop_fixtures import (  # noqa: F401  (the fixture)
     first_char_reward,
     model_dir,

@@ -4,7 +4,7 @@ logged again, none of the interrupted run's."""
 
 import pytest
 
-from mathrl_jax.train.metrics import MetricsLogger
+from mathrl_jax.train.reporting._metrics import MetricsLogger
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator", reason="tensorboard: pip install -e '.[dev]'"

@@ -1,5 +1,5 @@
 """The jitted update: exact micro-batch accumulation, the optimizer step count, non-finite skips,
-the approx-KL early stop, the critic update; and the per-algorithm advantages of train/advantages.py."""
+the approx-KL early stop, the critic update; and the per-algorithm advantages of train/batch/_advantages.py."""
 
 import dataclasses
 import functools
@@ -13,10 +13,10 @@ from flax import nnx
 
 from mathrl_jax import losses
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, tiny_config
-from mathrl_jax.train import advantages as advantages_lib
-from mathrl_jax.train.passes import compute_logprobs_fn, compute_values_fn
+from mathrl_jax.train.batch import _advantages as advantages_lib
 from mathrl_jax.train.state import create_train_state, learning_rate_schedule, make_optimizer
-from mathrl_jax.train.update import UpdateConfig, make_update_fn
+from mathrl_jax.train.update._passes import compute_logprobs_fn, compute_values_fn
+from mathrl_jax.train.update._step import UpdateConfig, make_update_fn
 
 CONFIG = tiny_config(num_hidden_layers=1)
 N, L = 8, 10
@@ -315,7 +315,7 @@ def test_the_hosts_minibatch_order_is_the_one_the_update_draws():
     """The loop draws each update's minibatch order on the host (`host_minibatch_order` from the state's key) and
     passes it with the batch: the update given it ends bit for bit where the update drawing its own does, its
     state's key included, over several updates; an order of the wrong shape is refused."""
-    from mathrl_jax.train.minibatches import ORDER, host_minibatch_order
+    from mathrl_jax.train.update._minibatches import ORDER, host_minibatch_order
 
     graphdef, params = split_policy()
     optimizer = make_optimizer(1e-2, max_grad_norm=None)
@@ -348,7 +348,7 @@ def test_every_algorithm_record_names_a_registered_estimator_and_loss_use():
     update knows."""
     from mathrl_jax.losses import registry
     from mathrl_jax.train import algorithms
-    from mathrl_jax.train import update_config as update_lib
+    from mathrl_jax.train.update import _config as update_lib
 
     for name, record in algorithms.ALGORITHMS.items():
         assert record.advantages in registry.ADVANTAGE_ESTIMATORS, name
@@ -361,7 +361,7 @@ def test_every_algorithm_record_names_a_registered_estimator_and_loss_use():
 
 
 def test_an_order_of_the_wrong_shape_is_refused():
-    from mathrl_jax.train.minibatches import ORDER
+    from mathrl_jax.train.update._minibatches import ORDER
 
     with pytest.raises(ValueError, match="minibatch order has shape"):
         run_update(UpdateConfig(num_mini_batch=2), {**make_batch(), ORDER: np.zeros((1, N), np.int32)})

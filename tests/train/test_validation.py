@@ -7,7 +7,12 @@ import os
 import pytest
 
 from mathrl_jax.configs import default
-from mathrl_jax.train import build, loop, problems, sections, validation, warmstart
+from mathrl_jax.train import loop
+from mathrl_jax.train.rollouts import _problems as problems
+from mathrl_jax.train.setup import _build as build
+from mathrl_jax.train.setup import _sections as sections
+from mathrl_jax.train.setup import _validation as validation
+from mathrl_jax.train.warmstart import _warmstart as warmstart
 from tests.train.loop_fixtures import model_dir, run_and_record, small_config  # noqa: F401  (the fixture)
 
 

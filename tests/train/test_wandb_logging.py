@@ -124,7 +124,7 @@ def test_wandb_without_the_package_or_with_an_unknown_sink_is_refused(tmp_path):
 def test_a_fresh_start_gets_its_own_wandb_run_and_a_resume_continues_it(tmp_path, monkeypatch):
     """The same run directory started over is another wandb run (wandb would drop its steps below the old run's
     last); resumed, the same one."""
-    from mathrl_jax.train.metrics import MetricsLogger
+    from mathrl_jax.train.reporting._metrics import MetricsLogger
 
     monkeypatch.chdir(tmp_path)
     ids = []

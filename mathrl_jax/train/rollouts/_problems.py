@@ -1,0 +1,181 @@
+"""The run's problems: loading and checking the data a config names, and their prompt ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import List
+
+from mathrl_jax.data import arithmetic, prompts, sources
+from mathrl_jax.data.countdown import problems as countdown
+from mathrl_jax.errors import fail
+from mathrl_jax.models.codec import TextCodec
+
+
+def check_warmstart_data(config) -> None:
+    """The teacher's worked solutions exist for a+b / a-b (level 2, at any `arithmetic.digits`) and for countdown;
+    countdown has no bare answer to imitate (checked after the data loads, so that a missing or malformed data file
+    is reported first)."""
+    w = config.warmstart
+    if w.steps <= 0:
+        return
+    if config.env_name:  # the game's teacher plays the game (multiturn.TEACHERS; validation checked targets)
+        return
+    if config.dataset_name == "countdown":
+        if w.targets != "teacher":
+            fail(
+                f"warmstart.targets={w.targets!r} with dataset_name='countdown': its gold answer is the instance, not "
+                "a completion to imitate; use --config.warmstart.targets=teacher or --config.warmstart.steps=0"
+            )
+        return
+    if w.targets != "teacher":
+        return
+    if config.dataset_name != "arithmetic":
+        fail(
+            f"warmstart.targets='teacher' writes worked solutions of the arithmetic and countdown tasks only, not of "
+            f"dataset_name={config.dataset_name!r}: use --config.warmstart.targets=answer (imitate the gold "
+            "answers) or --config.warmstart.steps=0 (no warm-start)"
+        )
+    levels = tuple(config.arithmetic.levels)
+    if levels != (2,):
+        fail(
+            f"warmstart.targets='teacher' solves a+b / a-b (arithmetic level 2, any arithmetic.digits) only, got "
+            f"arithmetic.levels={levels}: use --config.arithmetic.levels=2 or --config.warmstart.targets=answer"
+        )
+
+
+def load_data(config):
+    """(train problems, eval problems); raises TrainingError naming the file / field on bad data."""
+    if config.dataset_name == "arithmetic":
+        a = config.arithmetic
+        train, held_out = arithmetic.arithmetic_train_eval(
+            a.num_train,
+            a.num_eval,
+            seed=config.seed,
+            levels=tuple(a.levels),
+            question_format=a.question_format,
+            digits=a.digits,
+        )
+        return train, held_out[: config.num_eval_problems]
+    if config.dataset_name == "countdown":
+        c = config.countdown
+        train, held_out = countdown.countdown_train_eval(c.num_train, c.num_eval, seed=config.seed, **_instances(c))
+        return train, held_out[: config.num_eval_problems]
+    for name in ("dataset_path", "eval_dataset_path"):
+        path = config[name]
+        if path and not os.path.exists(path):
+            fail(f"{name} {path!r} does not exist (all data is read from local paths)")
+    subject = config.dataset_name if config.dataset_name in sources.MATH_SUBJECTS else None
+    layout = "auto" if subject else config.dataset_name
+    try:
+        problems = sources.load_problems(config.dataset_path, layout, split=config.dataset_split or None)
+        if subject:
+            problems = _keep_subject(problems, subject, config.dataset_path)
+        if config.eval_dataset_path:
+            held_out = sources.load_problems(config.eval_dataset_path, layout, split=config.eval_dataset_split or None)
+            if subject:
+                held_out = _keep_subject(held_out, subject, config.eval_dataset_path)
+        else:
+            order = sources.shuffled_order(len(problems), config.seed, 0)
+            count = min(config.num_eval_problems, len(problems) // 10 or 1)
+            held_out = [problems[i] for i in order[:count]]
+            problems = [problems[i] for i in order[count:]]
+    except sources.DataError as error:
+        fail(str(error))
+    if not problems:
+        fail(f"dataset {config.dataset_path!r} has no training problems left")
+    return problems, held_out[: config.num_eval_problems]
+
+
+def _instances(section) -> dict:
+    """The countdown instances' settings of `config.countdown`."""
+    return dict(
+        count=section.count,
+        min_number=section.min_number,
+        max_number=section.max_number,
+        max_target=section.max_target,
+    )
+
+
+def load_hard_eval(config, train_problems, eval_problems):
+    """The second held-out set (`arithmetic.eval_digits`, `countdown.eval_count`; [] at 0): `num_eval_problems`
+    distinct problems, level 2 at that many digits or countdown instances of that many numbers, from a stream of
+    their own (split "eval_digits<d>", "eval_count<k>"), none a training or evaluation question."""
+    if config.dataset_name == "countdown" and config.countdown.eval_count:
+        c = config.countdown
+        return countdown.countdown_problems(
+            config.num_eval_problems,
+            seed=config.seed,
+            **{**_instances(c), "count": c.eval_count},
+            split=f"eval_count{c.eval_count}",
+            unique=True,
+            exclude={p.question for p in (*train_problems, *eval_problems)},
+        )
+    a = config.arithmetic
+    if config.dataset_name != "arithmetic" or not a.eval_digits:
+        return []
+    return arithmetic.arithmetic_problems(
+        config.num_eval_problems,
+        seed=config.seed,
+        levels=tuple(a.levels),
+        question_format=a.question_format,
+        split=f"eval_digits{a.eval_digits}",
+        unique=True,
+        exclude={p.question for p in (*train_problems, *eval_problems)},
+        digits=a.eval_digits,
+    )
+
+
+def _keep_subject(problems, subject: str, path: str):
+    """OpenR's `--dataset_name prealgebra`: the problems of that MATH subject. Data without subjects (OpenR's own
+    two-field copy of MATH-500) is used whole, as OpenR does (its environment never reads the name), with a note."""
+    if not any(p.subject for p in problems):
+        print(
+            f"note: {path!r} has no subject field, so dataset_name={subject!r} keeps every problem (as OpenR does)",
+            file=sys.stderr,
+        )
+        return problems
+    kept = sources.filter_by_subject(problems, subject)
+    if not kept:
+        found = sorted({sources.subject_key(p.subject) for p in problems if p.subject})
+        fail(f"dataset_name={subject!r}: no problem of that subject in {path!r}; its subjects are {found}")
+    return kept
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSettings:
+    """How a problem becomes a prompt: the template (`data.prompts.TEMPLATE_NAMES`) and the longest prompt."""
+
+    template: str
+    max_length: int
+
+    def __post_init__(self):
+        if self.template not in prompts.TEMPLATE_NAMES:
+            raise ValueError(f"unknown prompt_template {self.template!r}; expected one of {prompts.TEMPLATE_NAMES}")
+        if self.max_length < 1:
+            raise ValueError(f"max_prompt_length={self.max_length} must be >= 1")
+
+
+def prompt_settings(config) -> PromptSettings:
+    return PromptSettings(config.prompt_template, int(config.max_prompt_length))
+
+
+def encode_prompts(settings: PromptSettings, codec: TextCodec, problems) -> List[List[int]]:
+    out = []
+    for problem in problems:
+        text = prompts.format_prompt(problem.question, settings.template, tokenizer=codec.tokenizer)
+        ids = codec.encode(text)
+        if len(ids) > settings.max_length:
+            fail(
+                f"problem {problem.uid!r} has a {len(ids)}-token prompt, over --config.max_prompt_length="
+                f"{settings.max_length}: raise it, or drop the longer problems from the data file"
+            )
+        out.append(ids)
+    return out
+
+
+def check_prompts(settings: PromptSettings, codec: TextCodec, train_problems, eval_problems) -> None:
+    """Fails now, not at iteration 500, on a prompt over `max_prompt_length` (the first 1000 training ones)."""
+    encode_prompts(settings, codec, eval_problems)
+    encode_prompts(settings, codec, train_problems[:1000])

@@ -1,0 +1,82 @@
+"""`Run`: everything one training run holds, built by `build.build_run`, and `RunSettings`, the loop's section."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+from mathrl_jax.evaluation import EvalSettings
+from mathrl_jax.train import state as state_lib
+from mathrl_jax.train.batch import BatchMaker
+from mathrl_jax.train.checkpoint import Checkpointer
+from mathrl_jax.train.reporting import MetricsLogger
+from mathrl_jax.train.rollouts import GameSettings, RolloutMaker
+
+RewardFn = Callable[[List[str], List[str]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The loop's section of the run's settings (made by the build): where the run lives, how long it runs, what
+    it logs and evaluates, and what an iteration does with the rewards before the batch.
+
+    max_staleness: the oldest policy version a batch may come from, in versions behind the learner
+      (`max_head_offpolicyness`).
+    step_rewards_only: the PRM's step scores are the whole reward (`reward_source="prm"`): the verifier's are
+      zeroed.
+    shuffle_rewards: the control run (`batch.shuffled_rewards`).
+    micro_batch_size, num_mini_batch, max_new_tokens, max_length, prompts_per_iteration: named by the
+      out-of-memory message, the options that size the trainer's passes.
+    """
+
+    run_dir: str
+    total_iterations: int
+    seed: int = 0
+    eval_interval: int = 0
+    log_interval: int = 1
+    progress: bool = True
+    export_final: bool = True
+    max_staleness: int = 0
+    step_rewards_only: bool = False
+    shuffle_rewards: bool = False
+    micro_batch_size: int = 0
+    num_mini_batch: int = 1
+    max_new_tokens: int = 1
+    max_length: int = 2
+    prompts_per_iteration: int = 1
+
+    def __post_init__(self):
+        if self.total_iterations < 0 or self.eval_interval < 0 or self.log_interval < 1 or self.max_staleness < 0:
+            raise ValueError(
+                f"total_iterations={self.total_iterations}, eval_interval={self.eval_interval}, log_interval="
+                f"{self.log_interval}, max_staleness={self.max_staleness}: out of range"
+            )
+
+
+@dataclasses.dataclass
+class Run:
+    """Set once by `build_run`; the loop carries the state (`train_iteration` returns the next one) and the data
+    position of the last batch the learner consumed (saved with each checkpoint)."""
+
+    settings: RunSettings
+    graphdef: Any
+    state: state_lib.TrainState
+    rollouts: RolloutMaker  # the sampler, tokenizer, problems and rewards
+    batches: BatchMaker  # the trainer's passes, the reference, the shapes the batches have grown to
+    update: Callable
+    evaluation: EvalSettings
+    eval_prompts: List[List[int]]
+    eval_golds: List[str]
+    checkpointer: Checkpointer
+    logger: MetricsLogger
+    start_iteration: int
+    warmstart_metrics: Dict[str, float]
+    source_kind: str = "sync"  # which `loop.ROLLOUT_SOURCES` makes the batches
+    game: Optional[GameSettings] = None  # multi-turn: the environment, ReBN's discount, the held-out games
+    model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
+    pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
+    data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
+    lora_base: Optional[Dict[str, str]] = None  # a LoRA run's base: path and hash, in each checkpoint
+    # The second held-out set (arithmetic.eval_digits, countdown.eval_count), beside the first as eval_hard/*; [] = none
+    hard_eval_prompts: List[List[int]] = dataclasses.field(default_factory=list)
+    hard_eval_golds: List[str] = dataclasses.field(default_factory=list)
