@@ -19,7 +19,7 @@ Steps, in order (`--only` picks some; each runs in a process of its own, see bel
    to a bfloat16 engine (the trainer's sync) and for bfloat16 params: seconds per sync, and the extra device
    copies: the tensors whose torch view does not share memory with their parameter's JAX buffer (a transpose of a
    linear kernel, a cast), compared by address (`data_ptr` against `unsafe_buffer_pointer`), with their bytes.
-5. `grpo`: one GRPO iteration of the training loop (`train.build.build_run`, `train.loop.train_iteration`) at
+5. `grpo`: one GRPO iteration of the training loop (`train.setup.build_run`, `train.loop.train_iteration`) at
    the Qwen2.5-0.5B shape (a random-weight checkpoint written with `models.write_tiny_checkpoint`, its character
    tokenizer; float32 params, bfloat16 compute, remat): 32 arithmetic prompts x 8 samples of 512 new tokens, 4
    minibatches, the math verifier, and the loop's own split of the iteration (`perf/*`: generate, of which grade,

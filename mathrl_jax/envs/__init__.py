@@ -27,7 +27,7 @@ from mathrl_jax.envs.sandbox import (
 from mathrl_jax.envs.stepwise_math import StepwiseMathEnv
 
 MULTI_TURN_ENVS = {"guess_number": GuessTheNumberEnv}
-"""The games a run plays by `env_name` (`train.multiturn`); their options are `config.<env_name>`."""
+"""The games a run plays by `env_name` (`train.rollouts`); their options are `config.<env_name>`."""
 
 __all__ = [
     "STATUSES",

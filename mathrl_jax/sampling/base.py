@@ -159,7 +159,7 @@ def pad_prompt_completion(
     Every prompt ends at column `P` (`prompt_length`, default the longest prompt),
     so completion token `t` of every row sits at column `P + t`; the width is
     `max_length` (default `P` + the longest completion, at least `P + 1`). Used by
-    `Rollouts.to_batch` and by the supervised warm-start's batches (`train.sft.sft_batch`).
+    `Rollouts.to_batch` and by the supervised warm-start's batches (`train/warmstart/_sft.py`'s `sft_batch`).
 
     Args:
       prompt_ids, completion_ids: N token-id sequences each.

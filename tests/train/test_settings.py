@@ -62,8 +62,7 @@ def test_no_module_below_the_build_takes_the_config_or_the_run(path):
     imports = [
         alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
-        and (node.module or "").startswith("mathrl_jax.train.setup")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mathrl_jax.train.setup")
         for alias in node.names
     ]
     assert set(imports) <= {"RunSettings"}, f"{path.name} imports {imports} of the build"

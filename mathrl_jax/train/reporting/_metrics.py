@@ -76,7 +76,7 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 
 
 def report_sinks(report_to: str) -> tuple[str, ...]:
-    """The names in a `report_to` value ("tensorboard,wandb"), lower-cased; checked by `train.validation`."""
+    """The names in a `report_to` value ("tensorboard,wandb"), lower-cased; checked by `train.setup`'s validation."""
     return tuple(n.strip().lower() for n in str(report_to).split(",") if n.strip())
 
 

@@ -19,7 +19,7 @@ Rows use the layout of `Rollouts.to_batch` (`mathrl_jax.sampling.base`), built b
 same function (`pad_prompt_completion`): `[pad ... prompt | target ... pad]`,
 prompts left-padded to end at a common column `P`, so a target token `t` sits at
 column `P + t`, exactly where a sampled completion token would. The log-probs
-are the trainer's (`train.passes.shifted_logprobs`), the optimizer is the RL
+are the trainer's (`train.update.shifted_logprobs`), the optimizer is the RL
 phase's factory (`train.state.make_optimizer`) with the warm-start's settings.
 """
 
