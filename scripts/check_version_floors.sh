@@ -71,7 +71,7 @@ cd "$ROOT"
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     tests/models tests/losses tests/sharding \
-    tests/train/test_update.py tests/train/test_checkpoint.py tests/train/test_metrics.py \
+    tests/train/update/test_update.py tests/train/checkpoint/test_checkpoint.py tests/train/reporting/test_metrics.py \
     tests/scripts/test_export_hf.py tests/test_compile_cache.py \
     tests/data/test_sources.py tests/rewards/test_math_grader.py \
     ${PYTEST_ARGS:-}

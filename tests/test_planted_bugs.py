@@ -33,7 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPIED = ("mathrl_jax", "tests", "scripts", "pyproject.toml", "setup.cfg")
 LEARNING = "tests/train/test_learning.py::test_rl_beats_the_shuffled_reward_control"
 ON_POLICY = "tests/train/test_on_policy.py"
-SAMPLER_MATCHES_TRAINER = "tests/train/test_batch.py::test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones"
+SAMPLER_MATCHES_TRAINER = (
+    "tests/train/batch/test_batch.py::test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones"
+)
 
 
 class PlantedBug(NamedTuple):

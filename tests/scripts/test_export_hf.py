@@ -261,7 +261,7 @@ def test_force_replaces_a_previous_export_and_refuses_a_directory_holding_anythi
 def test_a_step_saved_before_checksums_is_exported_only_when_allowed(trained, tmp_path, capsys):
     """A step whose metadata lists no checksums (a version before they were kept) cannot be verified: exit 2,
     one line naming the step and `--allow-unverified`; with it, the export is written."""
-    from tests.train.test_checkpoint_integrity import remove_checksums
+    from tests.train.checkpoint.test_checkpoint_integrity import remove_checksums
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained["run_dir"], run_dir)

@@ -332,7 +332,7 @@ def test_a_second_run_on_a_locked_run_dir_is_refused(tmp_path):
 def test_a_run_whose_every_checkpoint_is_damaged_stops_with_a_message(tmp_path):
     """A checkpoint that fails verification is not trained on; with no intact step left, train.py says so (exit 2)
     rather than a traceback, and the damaged steps are left on disk for the user."""
-    from tests.train.test_checkpoint_integrity import flip_a_byte
+    from tests.train.checkpoint.test_checkpoint_integrity import flip_a_byte
 
     run_dir = tmp_path / "run"
     short = [*SHORT_RUN, "--config.max_new_tokens=4", "--config.save_interval=1", "--config.num_iterations=2"]

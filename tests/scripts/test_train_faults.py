@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tests.scripts.test_train_cli import ROOT, SHORT_RUN, run_train
-from tests.train.test_checkpoint_integrity import flip_a_byte, remove_checksums
+from tests.train.checkpoint.test_checkpoint_integrity import flip_a_byte, remove_checksums
 
 FLAGS = [
     *SHORT_RUN,

@@ -2,7 +2,7 @@
 
 Named as in the reference systems (verl, OpenR, AReaL) where they have one. A name with a `{k}` stands for a family
 (`eval/pass@{k}`: `eval/pass@1`, `eval/pass@8`, ...); `documented_name` maps a logged name to its entry.
-`tests/train/test_metrics.py` runs each family of algorithms and checks that every name it logs is here.
+`tests/train/reporting/test_metrics.py` runs each family of algorithms and checks that every name it logs is here.
 """
 
 from __future__ import annotations

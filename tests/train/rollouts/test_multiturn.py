@@ -1,5 +1,5 @@
-"""The multi-turn pieces around the rollouts (train/rollouts/_multiturn.py): what counts as a win, the control's shuffled
-turn rewards, and the warm-start's examples prompted exactly as the RL prompts the policy."""
+"""The multi-turn pieces around the rollouts (train/rollouts/_multiturn.py): what counts as a win, the control's
+shuffled turn rewards, and the warm-start's examples prompted exactly as the RL prompts the policy."""
 
 from __future__ import annotations
 

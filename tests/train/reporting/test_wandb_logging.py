@@ -17,7 +17,7 @@ pytest.importorskip("wandb", reason="wandb: pip install -e '.[dev]'")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 from wandb.proto import wandb_internal_pb2  # noqa: E402  (the record schema; the file is read below)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BLOCK, HEADER = 32768, 7  # the wandb run file: LevelDB's log format, 32 KiB blocks of 7-byte-headed chunks
 
 

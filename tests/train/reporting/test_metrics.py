@@ -26,7 +26,7 @@ from mathrl_jax.evaluation import pass_at_k
 from mathrl_jax.train.reporting import METRIC_NAMES, RESERVED_KEYS, MetricsLogger, Progress, read_jsonl_metrics
 from mathrl_jax.train.reporting._names import documented_name
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PLOT_SCRIPT = os.path.join(ROOT, "scripts", "plot_metrics.py")
 
 

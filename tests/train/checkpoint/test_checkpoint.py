@@ -24,8 +24,8 @@ from mathrl_jax.train.checkpoint._errors import CheckpointError
 from mathrl_jax.train.checkpoint._tree import TargetMismatchError
 from tests.train.ckpt_kill_worker import make_state
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/train: the worker script
 
 
 def assert_bit_identical(got, want):

@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 CHILD = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
 from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from mathrl_jax.train.checkpoint._errors import CheckpointError
-from tests.train.test_checkpoint_integrity import make_state
+from tests.train.checkpoint.test_checkpoint_integrity import make_state
 
 directory, met_at = sys.argv[1], sys.argv[2]
 checkpointer = Checkpointer(directory, save_interval=2, max_to_keep=1)

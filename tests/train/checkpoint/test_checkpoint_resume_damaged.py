@@ -10,8 +10,8 @@ import numpy as np
 
 from mathrl_jax.train import loop
 from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
+from tests.train.checkpoint.test_checkpoint_integrity import flip_a_byte
 from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (the fixture)
-from tests.train.test_checkpoint_integrity import flip_a_byte
 
 
 def trained(model_dir, run_dir, iterations):  # noqa: F811
