@@ -95,39 +95,62 @@ def option_problem(args) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
+TRAINING_KEYS = {
+    "--model": "model_name_or_path",
+    "--template": "prompt_template",
+    "--levels": "arithmetic.levels",
+    "--question-format": "arithmetic.question_format",
+    "--num-problems": "num_eval_problems",
+    "--max-new-tokens": "max_new_tokens",
+    "--n-samples": "eval_n_samples",
+    "--temperature": "temperature",
+    "--sampler": "sampler",
+    "--seed": "seed",
+    "--compilation-cache-dir": "compilation_cache_dir",
+}
+"""Each option that is also a training option, and its key in the training config: `--config.KEY=VALUE` sets it
+as train.py's command line does (`--config.max_new_tokens=1024` is `--max-new-tokens 1024`)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: each option under its own name and, where training has it, as `--config.KEY`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a local Hugging Face checkpoint directory")
-    parser.add_argument("--dataset", default="arithmetic", help="'arithmetic' or a local JSONL/parquet/datasets path")
-    parser.add_argument("--layout", default="auto", help="data layout: auto math500 gsm8k areal_boba")
-    parser.add_argument("--levels", default="2", help="arithmetic levels (the offline default trains on 2)")
-    parser.add_argument("--question-format", default="{expr}=", help="arithmetic question format")
-    parser.add_argument("--template", default="plain", help="prompt template (see mathrl_jax.data.prompts)")
-    parser.add_argument("--num-problems", type=int, default=500)
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=40, help="40 fits the worked solutions of the offline default"
-    )
-    parser.add_argument("--n-samples", type=int, default=0)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--sampler", choices=["jax", "vllm"], default="jax")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
+
+    def add(name, *args, **kwargs):
+        aliases = [f"--config.{TRAINING_KEYS[name]}"] if name in TRAINING_KEYS else []
+        parser.add_argument(name, *aliases, *args, **kwargs)
+
+    add("--model", required=True, help="a local Hugging Face checkpoint directory")
+    add("--dataset", default="arithmetic", help="'arithmetic' or a local JSONL/parquet/datasets path")
+    add("--layout", default="auto", help="data layout: auto math500 gsm8k areal_boba")
+    add("--levels", default="2", help="arithmetic levels (the offline default trains on 2)")
+    add("--question-format", default="{expr}=", help="arithmetic question format")
+    add("--template", default="plain", help="prompt template (see mathrl_jax.data.prompts)")
+    add("--num-problems", type=int, default=500)
+    add("--max-new-tokens", type=int, default=40, help="40 fits the worked solutions of the offline default")
+    add("--n-samples", type=int, default=0)
+    add("--temperature", type=float, default=1.0)
+    add("--sampler", choices=["jax", "vllm"], default="jax")
+    add("--seed", type=int, default=0)
+    add(
         "--batch-tokens",
         type=int,
         default=DEFAULT_BATCH_TOKENS,
         help="JAX sampler: KV-cache slots (rows x padded prompt+completion length) per generate call "
         f"(default {DEFAULT_BATCH_TOKENS}); lower it to use less memory, raise it for throughput",
     )
-    parser.add_argument(
-        "--out", default="", help="a JSONL file to write: one line per problem (its greedy completion, verdict, ...)"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.add_argument(
+    add("--out", default="", help="a JSONL file to write: one line per problem (its greedy completion, verdict, ...)")
+    add("--no-progress", action="store_true", help="no progress bar on stderr")
+    add(
         "--compilation-cache-dir",
-        "--compilation_cache_dir",  # the spelling of train.py's config key, too
         default="auto",
         help="JAX's persistent compilation cache ('auto': under ~/.cache/mathrl_jax; '': off)",
     )
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     problem = option_problem(args)
     if problem:

@@ -61,6 +61,7 @@ from mathrl_jax.errors import TrainingError
 from mathrl_jax.models import hf
 from mathrl_jax.models.hf_config import load_config
 from mathrl_jax.models.qwen import ConfigError, QwenConfig, QwenForCausalLM
+from mathrl_jax.train import run_directory
 from mathrl_jax.train.checkpoint import (
     LORA_BASE_KEY,
     STATE_ITEM,
@@ -72,7 +73,7 @@ from mathrl_jax.train.checkpoint import (
     lora_base_record,
 )
 
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = run_directory.CHECKPOINTS
 PARAMS_KEY = "params"  # the TrainState field of the policy parameters
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -174,7 +175,7 @@ def choose_step(checkpointer: Checkpointer, step: Optional[int]) -> int:
 
 def read_run_config(run_dir: str) -> Dict[str, Any]:
     """The run's `config.json` (an empty dict when it is missing: the layout then decides)."""
-    path = os.path.join(run_dir, "config.json")
+    path = run_directory.path(run_dir, run_directory.CONFIG)
     if not os.path.isfile(path):
         return {}
     try:
@@ -189,7 +190,7 @@ def read_run_config(run_dir: str) -> Dict[str, Any]:
 
 def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
     """The HF checkpoint the run's policy started from, as `mathrl_jax.train.setup.build_run` picks it."""
-    warm = os.path.join(run_dir, "warmstart_model")
+    warm = run_directory.path(run_dir, run_directory.WARMSTART_MODEL)
     warm_steps = (run_config.get("warmstart") or {}).get("steps", 0) if run_config else None
     # Without a config.json, a warmstart_model directory can only come from a warm-start.
     if os.path.isdir(warm) and (warm_steps is None or (isinstance(warm_steps, int) and warm_steps > 0)):
@@ -202,7 +203,7 @@ def base_model_dir(run_dir: str, run_config: Dict[str, Any]) -> str:
                 "directory here; pass --like with that checkpoint's directory"
             )
         return model
-    initial = os.path.join(run_dir, "initial_model")
+    initial = run_directory.path(run_dir, run_directory.INITIAL_MODEL)
     if os.path.isdir(initial):
         return initial
     raise InputError(

@@ -73,37 +73,6 @@ def join_processes(config) -> bool:
         fail(str(error))
 
 
-def leave(code: int, message: str, timeout_s: float = 0, leader_grace_s: float = 0) -> None:
-    """Ends one process of several at once: exiting normally would wait for the others at jax.distributed's
-    shutdown barrier while they wait for this one at their next collective. Its heartbeats stop, so a process
-    that did not fail alike is aborted within heartbeat_timeout_s, its log naming this one.
-
-    Process 0 hosts the coordination service, whose end aborts every process still connected to it; after bad
-    input it lingers `leader_grace_s` (less than the heartbeat timeout) so that the others, stopping on the same
-    input a little later, leave with their own exit status rather than that abort.
-
-    After a failure that may be a lost peer's (a collective's connection broke), it first waits up to
-    `timeout_s` for jax.distributed's coordination service, which then aborts this process with a line naming
-    the lost process ("The following tasks are unhealthy (stopped sending heartbeats): 1").
-    """
-    import time
-
-    from mathrl_jax.sharding import distributed
-
-    print(f"train.py: error ({distributed.process_label()}): {message}", file=sys.stderr)
-    if timeout_s:
-        print(
-            f"train.py: waiting up to {timeout_s} s for jax.distributed to name a lost process, if one was lost",
-            file=sys.stderr,
-        )
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(timeout_s)
-    if leader_grace_s and distributed.hosts_coordinator():
-        time.sleep(leader_grace_s)
-    os._exit(code)
-
-
 HELP_FLAGS = ("-h", "--help", "--helpfull")
 
 
@@ -139,13 +108,16 @@ def main(argv=None) -> int:
     except ValueError as error:
         fail(str(error))
     from mathrl_jax.errors import MathRLError
+    from mathrl_jax.sharding import distributed
     from mathrl_jax.train.loop import train
 
     try:
         summary = train(config)
     except MathRLError as error:  # bad input, named in the message: exit 2 (a bug keeps its traceback)
         if several:
-            leave(2, str(error), leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2))
+            distributed.leave(
+                2, str(error), program="train.py", leader_grace_s=min(5.0, config.heartbeat_timeout_s / 2)
+            )
         # A save that failed in Orbax's background threads (a full disk) can leave a coroutine that the
         # interpreter's shutdown reports as never awaited, two lines after the one that names the failure.
         import warnings
@@ -156,7 +128,7 @@ def main(argv=None) -> int:
         if several:
             import traceback
 
-            leave(1, traceback.format_exc(), timeout_s=config.heartbeat_timeout_s + 10)
+            distributed.leave(1, traceback.format_exc(), program="train.py", timeout_s=config.heartbeat_timeout_s + 10)
         raise
     if several:
         import jax

@@ -79,9 +79,8 @@ def test_the_learning_curves_commands_the_docs_show_parse():
     themselves take minutes to hours: tests/scripts/test_learning_curves.py runs the script end to end)."""
     import shlex
 
-    spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "scripts" / "learning_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from benchmarks import learning_curves as module
+
     inline = re.compile(r"`(?:python )?(?:scripts/)?learning_curves\.py([^`]*)`")
     in_blocks = re.compile(r"^python scripts/learning_curves\.py(.*)$", re.M)  # lines of a ```bash block
     commands = []
@@ -230,12 +229,18 @@ def test_the_layout_page_names_every_module_and_script_and_no_other():
     name on it exists (a moved or deleted module cannot stay listed)."""
     root = ROOT
     text = (root / "docs" / "layout.md").read_text()
-    modules = [p for p in (root / "mathrl_jax").rglob("*.py") if p.name != "__init__.py"]
+    modules = [
+        p for folder in ("mathrl_jax", "benchmarks") for p in (root / folder).rglob("*.py") if p.name != "__init__.py"
+    ]
     scripts = [p for p in (root / "scripts").iterdir() if p.suffix in (".py", ".sh")]
     unlisted = [
         str(p.relative_to(root)) for p in modules + scripts if not re.search(rf"(?<![\w/]){re.escape(p.name)}", text)
     ]
     assert not unlisted, f"docs/layout.md does not name {unlisted}"
     named = set(re.findall(r"(?<![\w/.])(\w+\.(?:py|sh))\b", text)) - {"file.py"}  # `file.py:function`: a user's
-    existing = {p.name for folder in ("mathrl_jax", "scripts", "examples", "tests") for p in (root / folder).rglob("*")}
+    existing = {
+        p.name
+        for folder in ("mathrl_jax", "benchmarks", "scripts", "examples", "tests")
+        for p in (root / folder).rglob("*")
+    }
     assert named <= existing, f"docs/layout.md names files that do not exist: {sorted(named - existing)}"

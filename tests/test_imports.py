@@ -91,14 +91,25 @@ OUTSIDE = [ROOT / "scripts", ROOT / "examples", ROOT / "benchmarks"]
 ROOMS_MAY_IMPORT = {
     "algorithms": set(),
     "state": set(),
+    "run_directory": set(),
     "update": {"state"},
-    "reporting": set(),
+    "reporting": {"run_directory"},
     "checkpoint": set(),
     "batch": {"algorithms", "state", "update"},
     "rollouts": {"batch"},
-    "warmstart": {"rollouts", "reporting", "state", "update"},
-    "setup": {"algorithms", "state", "update", "reporting", "checkpoint", "batch", "rollouts", "warmstart"},
-    "loop": {"state", "batch", "checkpoint", "reporting", "rollouts", "setup"},
+    "warmstart": {"rollouts", "reporting", "run_directory", "state", "update"},
+    "setup": {
+        "algorithms",
+        "state",
+        "run_directory",
+        "update",
+        "reporting",
+        "checkpoint",
+        "batch",
+        "rollouts",
+        "warmstart",
+    },
+    "loop": {"state", "run_directory", "batch", "checkpoint", "reporting", "rollouts", "setup"},
 }
 
 

@@ -12,17 +12,23 @@ is the control: the same run with the rewards shuffled within each batch.
 
 Every recipe file (`configs/<name>.py`) starts from `get_config()` here and
 changes fields. `OPTIONS` below is the one place each option is defined: its
-default, type, bounds, meaning and resume policy (`configs/options.py`); the
+default, type, bounds, meaning and resume policy (`mathrl_jax/options.py`); the
 config, `--help`, the range checks and the resume rule all come from it.
 Override any field on the command line: `--config.lr=1e-5`, `--config.mesh.tp=2`.
 """
 
-from mathrl_jax.configs.options import MAY_CHANGE, NEVER, Option, Section, config_from, group
+from mathrl_jax.options import MAY_CHANGE, NEVER, Option, Section, config_from, group
 
 OPTIONS = (
     *group(
         "run",
-        Option("algorithm_name", "grpo", "grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo rloo reinforce_pp"),
+        Option(
+            "algorithm_name",
+            "grpo",
+            "grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo rloo reinforce_pp",
+            choices="mathrl_jax.train.algorithms:NAMES",
+            case_free=True,
+        ),
         Option("seed", 0),
         Option("run_dir", "runs/default", resume=MAY_CHANGE),
         Option(
@@ -92,6 +98,7 @@ OPTIONS = (
                 ' "blocked", "xla", or "cudnn".'
             ),
             resume=MAY_CHANGE,
+            choices="mathrl_jax.models.attention:ATTENTION_IMPLEMENTATIONS",
         ),
         Section(
             "lora",
@@ -175,8 +182,13 @@ OPTIONS = (
             ),
             resume=MAY_CHANGE,
         ),
-        Option("prompt_template", "plain", "plain boxed verl_boxed r1_zero chat chat_plain"),
-        Option("max_prompt_length", 16),
+        Option(
+            "prompt_template",
+            "plain",
+            "plain boxed verl_boxed r1_zero chat chat_plain",
+            choices="mathrl_jax.data.prompts:TEMPLATE_NAMES",
+        ),
+        Option("max_prompt_length", 16, low=1),
         Option(
             "num_eval_problems",
             500,
@@ -187,7 +199,7 @@ OPTIONS = (
     ),
     *group(
         "rollout",
-        Option("sampler", "jax", "jax | vllm", resume=MAY_CHANGE),
+        Option("sampler", "jax", "jax | vllm", resume=MAY_CHANGE, choices=("jax", "vllm"), case_free=True),
         Section(
             "jax_sampler",
             (
@@ -201,9 +213,9 @@ OPTIONS = (
                 "kernel copied)"
             ),
         ),
-        Option("jax_sampler.kv_cache_gib", 16.0, resume=MAY_CHANGE),
-        Option("jax_sampler.compact_interval", 256, resume=MAY_CHANGE),
-        Option("jax_sampler.lora_sync", "merged"),
+        Option("jax_sampler.kv_cache_gib", 16.0, resume=MAY_CHANGE, low=0.0, low_open=True),
+        Option("jax_sampler.compact_interval", 256, resume=MAY_CHANGE, low=0),
+        Option("jax_sampler.lora_sync", "merged", choices="mathrl_jax.sampling.base:LORA_SYNCS"),
         Section(
             "vllm",
             (
@@ -223,27 +235,28 @@ OPTIONS = (
                 "transfer_chunk_gib: the most one transfer step holds (a file in /dev/shm, NCCL's buffer)"
             ),
         ),
-        Option("vllm.kv_cache_gib", 1.0, resume=MAY_CHANGE),
+        Option("vllm.kv_cache_gib", 1.0, resume=MAY_CHANGE, low=0.0, low_open=True),
         Option("vllm.dtype", "", resume=MAY_CHANGE),
-        Option("vllm.lora_sync", "merged", resume=MAY_CHANGE),
-        Option("vllm.tensor_parallel_size", 1, resume=MAY_CHANGE),
+        Option("vllm.lora_sync", "merged", resume=MAY_CHANGE, choices="mathrl_jax.sampling.base:LORA_SYNCS"),
+        Option("vllm.tensor_parallel_size", 1, resume=MAY_CHANGE, low=1),
         Option("vllm.server_url", "", resume=MAY_CHANGE),
-        Option("vllm.timeout_s", 600.0, resume=MAY_CHANGE),
-        Option("vllm.transfer", "auto", resume=MAY_CHANGE),
-        Option("vllm.transfer_chunk_gib", 1.0, resume=MAY_CHANGE),
-        Option("n_rollout_threads", 32, "prompts per iteration"),
-        Option("group_size", 8, "samples per prompt (GRPO's G)"),
-        Option("episode_length", 1, "turns per episode (multi-turn envs) / steps (step-wise)"),
-        Option("max_new_tokens", 40, "the warm-start's worked solutions take up to 33 tokens with EOS"),
-        Option("temperature", 1.0),
-        Option("top_p", 1.0),
+        Option("vllm.timeout_s", 600.0, resume=MAY_CHANGE, low=0.0, low_open=True),
+        Option("vllm.transfer", "auto", resume=MAY_CHANGE, choices="mathrl_jax.sampling.vllm.plugin:TRANSFERS"),
+        Option("vllm.transfer_chunk_gib", 1.0, resume=MAY_CHANGE, low=0.0, low_open=True),
+        Option("n_rollout_threads", 32, "prompts per iteration", low=1),
+        Option("group_size", 8, "samples per prompt (GRPO's G)", low=1),
+        Option("episode_length", 1, "turns per episode (multi-turn envs) / steps (step-wise)", low=1),
+        Option("max_new_tokens", 40, "the warm-start's worked solutions take up to 33 tokens with EOS", low=1),
+        Option("temperature", 1.0, low=0.0, low_open=True),
+        Option("top_p", 1.0, low=0.0, low_open=True, high=1.0),
         Option("top_k", 0, low=-1),
-        Option("num_iterations", 40, resume=MAY_CHANGE),
+        Option("num_iterations", 40, resume=MAY_CHANGE, low=0),
         Option(
             "num_env_steps",
             0,
             "if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)",
             resume=MAY_CHANGE,
+            low=0,
         ),
     ),
     *group(
@@ -252,6 +265,7 @@ OPTIONS = (
             "reward_source",
             "verifier",
             "verifier | prm | prm+verifier (PRM step scores on action ends) | functions | verifier+functions",
+            choices=("verifier", "prm", "prm+verifier", "functions", "verifier+functions"),
         ),
         Section("prm", ""),
         Option("prm.step_tag", "ки"),
@@ -296,9 +310,9 @@ OPTIONS = (
     ),
     *group(
         "update",
-        Option("ppo_epoch", 1),
-        Option("num_mini_batch", 4),
-        Option("micro_batch_size", 0, "0 = the whole minibatch", resume=MAY_CHANGE),
+        Option("ppo_epoch", 1, low=1),
+        Option("num_mini_batch", 4, low=1),
+        Option("micro_batch_size", 0, "0 = the whole minibatch", resume=MAY_CHANGE, low=0),
         Option(
             "old_logprobs",
             "auto",
@@ -309,6 +323,7 @@ OPTIONS = (
                 "float rounding (the JAX sampler, which holds the trainer's params, at temperature 1, "
                 "single-turn, not the decoupled loss, which needs both), else recomputes."
             ),
+            choices=("auto", "sampler", "trainer"),
         ),
         Option(
             "packing",
@@ -325,6 +340,7 @@ OPTIONS = (
             128,
             "tokens per packed row; at least the batch width (the longest prompt + completion)",
             resume=MAY_CHANGE,
+            low=0,
         ),
         Option(
             "skip_zero_advantage",
@@ -348,9 +364,11 @@ OPTIONS = (
                 "every weight by ~lr (1e-4 already makes the offline default's held-out accuracy swing by"
                 " 10 points between evaluations)."
             ),
+            low=0.0,
+            low_open=True,
         ),
-        Option("critic_lr", 0.001),
-        Option("lr_schedule", "constant", "constant linear cosine"),
+        Option("critic_lr", 0.001, low=0.0, low_open=True),
+        Option("lr_schedule", "constant", "constant linear cosine", choices="mathrl_jax.train.state:SCHEDULES"),
         Option("warmup_steps", 10, low=0),
         Option(
             "optimizer",
@@ -360,6 +378,8 @@ OPTIONS = (
                 ' 1.5B model falls from 12 GB to a few MB; TRL\'s `optim="adafactor"`). The critic uses '
                 "the same."
             ),
+            choices="mathrl_jax.train.state:OPTIMIZERS",
+            case_free=True,
         ),
         Option("weight_decay", 0.0, low=0.0),
         Option("max_grad_norm", 1.0, low=0.0, low_open=True),
@@ -367,10 +387,10 @@ OPTIONS = (
         Option("clip_low", 0.2, low=0.0, high=1.0),
         Option("clip_high", None, "None = clip_low; DAPO: 0.28", value_type=float, low=0.0),
         Option("clip_c", None, "dual clip", value_type=float, low=1.0, low_open=True),
-        Option("loss_agg_mode", "token-mean"),
+        Option("loss_agg_mode", "token-mean", choices="mathrl_jax.losses.aggregate:LOSS_AGG_MODES"),
         Option("entropy_coef", 0.0),
         Option("kl_coef", 0.0, "KL to the reference, in the loss", low=0.0),
-        Option("kl_kind", "k3"),
+        Option("kl_kind", "k3", choices="mathrl_jax.losses.kl:KL_KINDS", case_free=True),
         Option("kl_reward_coef", 0.0, "KL to the reference, in the reward (PPO family)", low=0.0),
         Option("gamma", 1.0, low=0.0, high=1.0),
         Option("lam", 0.95, low=0.0, high=1.0),
@@ -384,8 +404,18 @@ OPTIONS = (
         ),
         Option("step_separator", "\n", "APPO / TPPO / PRM steps end where the tokens' text has this"),
         Option("appo_action_ratio", True, "appo: one importance ratio per action (OpenR); False: per token"),
-        Option("advantage_whitening", "batch", "batch: over the batch's tokens; openr: per minibatch, as OpenR"),
-        Option("value_loss_type", "mse", "mse | huber | huber_one_sided (OpenR's `huber_loss`)"),
+        Option(
+            "advantage_whitening",
+            "batch",
+            "batch: over the batch's tokens; openr: per minibatch, as OpenR",
+            choices=("batch", "openr"),
+        ),
+        Option(
+            "value_loss_type",
+            "mse",
+            "mse | huber | huber_one_sided (OpenR's `huber_loss`)",
+            choices="mathrl_jax.losses.value:VALUE_LOSS_TYPES",
+        ),
         Option("huber_delta", 10.0, low=0.0, low_open=True),
         Option("value_clip", 0.2, "the critic's value clip (OpenR: clip_param)", low=0.0),
         Section("dapo", ""),
@@ -402,6 +432,7 @@ OPTIONS = (
                 "testbed's staleness knob: old log-probs recomputed by the trainer, or with "
                 'old_logprobs="sampler" the behaviour policy\'s (naive PPO), or tis_cap.'
             ),
+            low=0,
         ),
         Option(
             "sampler_logprob_noise",
@@ -427,6 +458,8 @@ OPTIONS = (
                 "loss corrects this itself."
             ),
             value_type=float,
+            low=0.0,
+            low_open=True,
         ),
     ),
     *group(
@@ -447,8 +480,8 @@ OPTIONS = (
         Option("warmstart.batch_size", 32, low=1),
         Option("warmstart.lr", 0.001, low=0.0, low_open=True),
         Option("warmstart.warmup_steps", 50, low=0),
-        Option("warmstart.targets", "teacher"),
-        Option("warmstart.slip_rate", 0.7),
+        Option("warmstart.targets", "teacher", choices=("teacher", "answer")),
+        Option("warmstart.slip_rate", 0.7, low=0.0, high=1.0),
     ),
     *group(
         "logging, evaluation, checkpoints",
@@ -457,21 +490,24 @@ OPTIONS = (
             1,
             "--- logging / eval / checkpoints -------------------------------------------------------",
             resume=MAY_CHANGE,
+            low=1,
         ),
-        Option("eval_interval", 10, resume=MAY_CHANGE),
+        Option("eval_interval", 10, resume=MAY_CHANGE, low=0),
         Option(
             "eval_n_samples",
             8,
             "at the first and last evaluation: pass@1 (sampled accuracy) .. pass@k at temperature",
             resume=MAY_CHANGE,
+            low=0,
         ),
         Option(
             "num_logged_samples",
             8,
             "held-out prompts written with their completions to run_dir/samples/ at each eval",
             resume=MAY_CHANGE,
+            low=0,
         ),
-        Option("save_interval", 20, resume=MAY_CHANGE),
+        Option("save_interval", 20, resume=MAY_CHANGE, low=0),
         Option("max_to_keep", 2, low=1, resume=MAY_CHANGE),
         Option("progress", True, resume=MAY_CHANGE),
         Option(
@@ -486,7 +522,7 @@ OPTIONS = (
             resume=MAY_CHANGE,
         ),
         Option("wandb_project", "mathrl_jax", resume=MAY_CHANGE),
-        Option("wandb_mode", "offline", resume=MAY_CHANGE),
+        Option("wandb_mode", "offline", resume=MAY_CHANGE, choices=("offline", "online")),
         Option(
             "export_final",
             True,
@@ -514,6 +550,7 @@ OPTIONS = (
                 "process lost for this long aborts the others."
             ),
             resume=MAY_CHANGE,
+            low=1,
         ),
         Option(
             "join_timeout_s",
@@ -524,6 +561,7 @@ OPTIONS = (
                 "others after this long."
             ),
             resume=MAY_CHANGE,
+            low=1,
         ),
         Section(
             "mesh",

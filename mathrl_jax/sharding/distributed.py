@@ -97,6 +97,37 @@ def hosts_coordinator() -> bool:
     return index == 0
 
 
+def leave(code: int, message: str, *, program: str, timeout_s: float = 0, leader_grace_s: float = 0) -> None:
+    """Ends one process of several at once, printing `program: error (process i of n): message`: exiting normally
+    would wait for the others at jax.distributed's shutdown barrier while they wait for this one at their next
+    collective. Its heartbeats stop, so a process that did not fail alike is aborted within heartbeat_timeout_s,
+    its log naming this one.
+
+    Process 0 hosts the coordination service, whose end aborts every process still connected to it; after bad
+    input it lingers `leader_grace_s` (less than the heartbeat timeout) so that the others, stopping on the same
+    input a little later, leave with their own exit status rather than that abort.
+
+    After a failure that may be a lost peer's (a collective's connection broke), it first waits up to
+    `timeout_s` for jax.distributed's coordination service, which then aborts this process with a line naming
+    the lost process ("The following tasks are unhealthy (stopped sending heartbeats): 1").
+    """
+    import sys
+    import time
+
+    print(f"{program}: error ({process_label()}): {message}", file=sys.stderr)
+    if timeout_s:
+        print(
+            f"{program}: waiting up to {timeout_s} s for jax.distributed to name a lost process, if one was lost",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(timeout_s)
+    if leader_grace_s and hosts_coordinator():
+        time.sleep(leader_grace_s)
+    os._exit(code)
+
+
 def is_main_process() -> bool:
     """True on the process that writes logs, metrics and checkpoint metadata (process 0)."""
     return jax.process_index() == 0

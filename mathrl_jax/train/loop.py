@@ -1,14 +1,14 @@
 """The training loop: one iteration, and a run from its first iteration to its last.
 
-One iteration (`train_iteration`):
+One iteration (`train_iteration`: state and host state in, the next ones out):
 
-    a rollout source (collect.py: problems ─► prompts ─► Sampler.generate ─► rewards; or async_loop.py's
-      generator thread, or multiturn.py's episodes)
-      ─► batch.py: padded arrays, old / reference log-probs, critic values, advantages (advantages.py)
-      ─► update.py: the jitted update ─► the source hears of the new weights ─► metrics
+    a rollout source (rollouts/: problems ─► prompts ─► Sampler.generate ─► rewards; or the asynchronous
+      generator thread, or multi-turn episodes)
+      ─► batch/: padded arrays, old / reference log-probs, critic values, advantages
+      ─► update/: the jitted update ─► the source hears of the new weights ─► metrics
 
-`train(config)` builds the run (build.py: every input checked before anything is written), evaluates, iterates,
-checkpoints and exports. Bad input raises `validation.TrainingError`, with a message naming the bad value.
+`train(config)` builds the run (setup/: every input checked before anything is written), evaluates, iterates,
+checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError`, with a message naming the bad value.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from mathrl_jax.errors import TrainingError
 from mathrl_jax.evaluation import completion_samples, held_out_accuracy
 from mathrl_jax.models import hf, peft_adapters
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train.batch import BatchMaker, control_rewards, mesh_context, prepare_batch
+from mathrl_jax.train import run_directory
+from mathrl_jax.train.batch import BatchMaker, BatchSettings, control_rewards, mesh_context, prepare_batch
 from mathrl_jax.train.checkpoint import DISK_ERRNOS, LORA_BASE_KEY
 from mathrl_jax.train.reporting import Progress
 from mathrl_jax.train.rollouts import (
@@ -40,22 +41,24 @@ from mathrl_jax.train.rollouts import (
     pending_to_checkpoint,
 )
 from mathrl_jax.train.setup import PENDING_KEY, SHAPES_KEY, RewardFn, Run, RunSettings, build_run, release_run_dir
-from mathrl_jax.train.state import TrainState, model_params
+from mathrl_jax.train.state import HostState, TrainState, model_params
 
 
 @contextlib.contextmanager
-def out_of_memory_hint(settings: RunSettings, rows: int):
+def out_of_memory_hint(settings: RunSettings, batch: BatchSettings, rows: int):
     """Turns a device out-of-memory error of the trainer's passes into a `TrainingError` naming the options that
-    size them (the raw XLA message names only a byte count)."""
+    size them (the raw XLA message names only a byte count): the batch's (`batch`: its rows' length, the update's
+    micro-batches) and the rollouts' (`settings`)."""
     try:
         yield
     except Exception as error:  # jax raises its runtime errors under several class names across versions
         text = str(error)
         if "RESOURCE_EXHAUSTED" not in text and "Out of memory" not in text:
             raise
-        micro = settings.micro_batch_size or f"0 (the whole minibatch, {rows // settings.num_mini_batch} rows)"
+        update = batch.update
+        micro = update.micro_batch_size or f"0 (the whole minibatch, {rows // update.num_mini_batch} rows)"
         raise TrainingError(
-            f"out of device memory in the trainer's passes over {rows} rows of up to {settings.max_length} tokens: "
+            f"out of device memory in the trainer's passes over {rows} rows of up to {batch.max_length} tokens: "
             f"lower --config.micro_batch_size (now {micro}; rows per forward and backward), "
             f"--config.max_new_tokens ({settings.max_new_tokens}) or --config.n_rollout_threads "
             f"({settings.prompts_per_iteration}), or set --config.remat=True. "
@@ -98,10 +101,18 @@ GRADER_RATES = ("reward/accuracy", "reward/no_answer_rate")  # logged as rollout
 
 
 def train_iteration(
-    state: TrainState, iteration: int, source, batches: BatchMaker, update: Callable, settings: RunSettings
-) -> Tuple[TrainState, Dict[str, int], Dict[str, float]]:
-    """One iteration (see the module docstring): (the new state, the data position of the batch it trained on,
-    the iteration's metrics). `source` hears of the new weights (the synchronous loop's gives them to the sampler).
+    state: TrainState,
+    host: HostState,
+    iteration: int,
+    source,
+    batches: BatchMaker,
+    update: Callable,
+    settings: RunSettings,
+) -> Tuple[TrainState, HostState, Dict[str, float]]:
+    """One iteration (see the module docstring): state and host state in, the next ones out, with the iteration's
+    metrics: the new `TrainState`, and the `HostState` after it (the data position of the batch it trained on,
+    the batch shapes grown to it). `source` hears of the new weights (the synchronous loop's gives them to the
+    sampler).
 
     The update's minibatch order is drawn on the host from the state's key (read with its step and version in one
     transfer), as the update would draw it, and passed with the batch."""
@@ -122,9 +133,9 @@ def train_iteration(
     correct, step_rewards = got.correct, got.action_rewards
     if settings.shuffle_rewards and got.row_advantages is None:  # a multi-turn source shuffled its turns' rewards
         scores, correct, step_rewards = control_rewards(scores, correct, settings.seed, iteration, step_rewards)
-    with out_of_memory_hint(settings, len(rollouts)):
+    with out_of_memory_hint(settings, batches.settings, len(rollouts)):
         passes_start = time.perf_counter()
-        batch, batch_metrics = prepare_batch(
+        batch, batch_metrics, shape_floors = prepare_batch(
             batches,
             state,
             rollouts,
@@ -134,6 +145,7 @@ def train_iteration(
             row_advantages=got.row_advantages,
             row_mask=got.row_mask,
             correct=correct,
+            shape_floors=host.shape_floors,
         )
         jax.block_until_ready(batch)
         update_start = time.perf_counter()
@@ -173,32 +185,41 @@ def train_iteration(
         **{f"rollout/{k[len('reward/') :]}": v for k, v in reward_metrics.items() if k in GRADER_RATES},
         **{f"train/{k}": float(v) for k, v in update_metrics.items()},  # the update's names (`metric_names`)
     }
-    return state, got.data_state, metrics
+    return state, HostState(data_state=got.data_state, shape_floors=shape_floors), metrics
 
 
-def save(run: Run, iteration: int, *, force: bool = False, pending: Optional[List[Collected]] = None) -> bool:
-    """Checkpoints the state after `iteration`, with the data position and the batches a generator `pending`
-    had made ahead (`SyncRollouts.pending`: their arrays an item of the checkpoint, the rest in its metadata)."""
+def save(
+    run: Run,
+    iteration: int,
+    state: TrainState,
+    host: HostState,
+    *,
+    force: bool = False,
+    pending: Optional[List[Collected]] = None,
+) -> bool:
+    """Checkpoints `state` after `iteration`, with `host` (the data position, the batch shapes) and the batches a
+    generator `pending` had made ahead (`SyncRollouts.pending`: their arrays an item of the checkpoint, the rest
+    in its metadata)."""
     arrays, records = pending_to_checkpoint(pending or [])
     metadata = {
-        "data": run.data_state or run.rollouts.loader.state(),
+        "data": host.data_state or run.rollouts.loader.state(),
         "iteration": iteration,
         PENDING_KEY: records,
-        SHAPES_KEY: dict(run.batches.shape_floors),
+        SHAPES_KEY: dict(host.shape_floors),
     }
     if run.lora_base is not None:
         metadata[LORA_BASE_KEY] = run.lora_base
-    return run.checkpointer.save(iteration, run.state, metadata, force=force, arrays=arrays or None)
+    return run.checkpointer.save(iteration, state, metadata, force=force, arrays=arrays or None)
 
 
 FINAL_ADAPTER = "final_adapter"
 
 
-def export_final_model(run: Run, final: str) -> None:
+def export_final_model(run: Run, state: TrainState, final: str) -> None:
     """`final` (run_dir/final_model): the policy as a Hugging Face checkpoint, a LoRA run's adapters merged into
     its base; a LoRA run also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
     `base_model_name_or_path` is the base the run trained on)."""
-    params = model_params(run.state.params, run.batches.frozen)
+    params = model_params(state.params, run.batches.frozen)
     model_config = nnx.merge(run.graphdef, params).config
     params = distributed.fetch(params)  # every process takes part in gathering the shards
     distributed.on_main_process(
@@ -279,7 +300,7 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     )  # sampled and graded by every process (collectives); written by process 0
     if not distributed.is_main_process():
         return None
-    directory = os.path.join(run.settings.run_dir, "samples")
+    directory = run_directory.path(run.settings.run_dir, run_directory.SAMPLES)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"iteration_{iteration:06d}.jsonl")
     with files.atomic_write(path) as f:
@@ -304,6 +325,7 @@ def train(
     """
     run = build_run(config, reward_fn, reward_functions)
     settings = run.settings
+    state, host = run.state, run.host  # carried by the loop: each iteration returns the next
     source = rollout_source(run)
     summary: Dict[str, Any] = {
         "warmstart": run.warmstart_metrics,
@@ -341,9 +363,7 @@ def train(
             summary["eval_start"] = metrics
             progress.update(0, metrics)
         for iteration in range(run.start_iteration + 1, total + 1):
-            run.state, run.data_state, metrics = train_iteration(
-                run.state, iteration, source, run.batches, run.update, settings
-            )
+            state, host, metrics = train_iteration(state, host, iteration, source, run.batches, run.update, settings)
             last = iteration == total
             if settings.eval_interval and (iteration % settings.eval_interval == 0 or last):
                 with source.current_weights():
@@ -357,14 +377,14 @@ def train(
             if on_metrics is not None:
                 on_metrics(iteration, metrics)
             if run.checkpointer.should_save(iteration) or last:
-                save(run, iteration, force=last, pending=source.pending(iteration))
-        summary["state"] = run.state
+                save(run, iteration, state, host, force=last, pending=source.pending(iteration))
+        summary["state"] = state
         summary["final_iteration"] = total
-        final = os.path.join(settings.run_dir, "final_model")
+        final = run_directory.path(settings.run_dir, run_directory.FINAL_MODEL)
         # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
         adapter_missing = run.lora_base is not None and not os.path.isdir(os.path.join(settings.run_dir, FINAL_ADAPTER))
         if settings.export_final and (total > run.start_iteration or not os.path.isdir(final) or adapter_missing):
-            export_final_model(run, final)
+            export_final_model(run, state, final)
     finally:
         source.close()
         progress.close()

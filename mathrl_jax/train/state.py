@@ -1,13 +1,15 @@
 """`TrainState`: everything a run needs to continue exactly, as one pytree.
 
 The reference policy is not in it: it is frozen, so it is rebuilt from where
-it came from (the starting checkpoint) rather than saved at every step. The
-data-loader position is host-side JSON and travels in the checkpoint metadata.
+it came from (the starting checkpoint) rather than saved at every step. What
+the loop keeps on the host (`HostState`: the data-loader position, the batch
+shapes) is JSON and travels in the checkpoint metadata.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import flax.struct
 import jax
@@ -17,6 +19,23 @@ from flax import nnx
 
 from mathrl_jax import sharding
 from mathrl_jax.sharding import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class HostState:
+    """What the loop keeps on the host between iterations, beside the `TrainState`, and saves with it.
+
+    data_state: the loader's position after the last batch the learner consumed (None: the loader's own, before
+      the first iteration).
+    shape_floors: the batch shapes the run has grown to (the width, the packing plans' dimensions): a batch is
+      planned at least as large as any before it, so the update and the passes compile once per growth, not per
+      batch; a resumed run pads and packs as the uninterrupted one. `batch.prepare_batch` returns the next ones.
+
+    A generator's batches made ahead (`async_ppo`) are its source's, saved from `source.pending(iteration)`.
+    """
+
+    data_state: Optional[Dict[str, int]] = None
+    shape_floors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @flax.struct.dataclass

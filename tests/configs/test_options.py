@@ -1,4 +1,4 @@
-"""One definition per option (`configs/options.py`, the table in `configs/default.py`): an option added to the
+"""One definition per option (`options.py`, the table in `configs/default.py`): an option added to the
 table alone is in the config, in `--help`, in the range check and in the resume rule; the table is consistent."""
 
 import json
@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from mathrl_jax.configs import default, options
-from mathrl_jax.configs.options import MAY_CHANGE, NEVER, Option
+from mathrl_jax import options
+from mathrl_jax.configs import default
 from mathrl_jax.errors import TrainingError
+from mathrl_jax.options import MAY_CHANGE, NEVER, Option
 from mathrl_jax.train.setup._help import flat_items, format_help
 from mathrl_jax.train.setup._resume import check_resumed_config, resume_may_change, resume_never_changes
-from mathrl_jax.train.setup._validation import validate_values
+from mathrl_jax.train.setup._validation import validate_settings, validate_values
 
 
 def saved_run(tmp_path, config):
@@ -24,7 +25,8 @@ def saved_run(tmp_path, config):
 def test_an_option_added_to_the_table_alone_reaches_help_the_range_check_and_the_resume_rule(monkeypatch, tmp_path):
     knob = Option("test_knob", 3, "a knob the test adds", low=1, high=8, resume=MAY_CHANGE, group="run")
     fixed = Option("test_fixed", 0.5, "another, fixed on resume", low=0.0, low_open=True, group="update")
-    monkeypatch.setattr(default, "OPTIONS", default.OPTIONS + (knob, fixed))
+    mode = Option("test_mode", "a", "a choice", choices=("a", "b"), case_free=True, group="update")
+    monkeypatch.setattr(default, "OPTIONS", default.OPTIONS + (knob, fixed, mode))
     config = default.get_config()
     assert (config.test_knob, config.test_fixed) == (3, 0.5)
 
@@ -42,6 +44,14 @@ def test_an_option_added_to_the_table_alone_reaches_help_the_range_check_and_the
         bad[key] = value
         with pytest.raises(TrainingError, match=rf"^{key}={value} is out of range: must be in {bounds}$"):
             validate_values(bad)
+
+    chosen = default.get_config()
+    chosen.test_mode = "B"
+    validate_settings(chosen)  # any case, lower-cased
+    assert chosen.test_mode == "b"
+    chosen.test_mode = "c"
+    with pytest.raises(TrainingError, match="^unknown test_mode 'c'; expected one of 'a', 'b'$"):
+        validate_settings(chosen)
 
     assert "test_knob" in resume_may_change() and "test_fixed" not in resume_may_change()
     run_dir = saved_run(tmp_path, config)
@@ -71,6 +81,7 @@ def test_every_option_is_in_the_table_once_with_its_default_in_its_bounds():
     for option in table:
         assert option.group, option.key
         assert options.range_error(option, option.default) is None, option.key
+        assert options.choice_error(option, option.default) is None, option.key
     meanings = options.meanings(default.OPTIONS)
     assert all(group for group, _ in meanings.values())
 
@@ -94,6 +105,18 @@ def test_range_error_against_the_bounds_written_out(option, value, refused):
     assert (options.range_error(option, value) is not None) == refused
 
 
+def test_choices_named_by_module_are_the_librarys_own_tuple():
+    from mathrl_jax.losses import aggregate
+
+    option = Option("x", "token-mean", choices="mathrl_jax.losses.aggregate:LOSS_AGG_MODES")
+    assert options.choices_of(option) == tuple(aggregate.LOSS_AGG_MODES)
+    assert options.choice_error(option, "token-mean") is None
+    assert "unknown x 'tokens'" in options.choice_error(option, "tokens")
+    by_key = {o.key: o for o in options.options_of(default.OPTIONS)}
+    for key in ("algorithm_name", "sampler", "loss_agg_mode", "kl_kind", "attention", "vllm.transfer"):
+        assert options.choices_of(by_key[key]), key  # each resolves
+
+
 def test_a_table_entry_that_contradicts_itself_is_refused_where_it_is_written():
     with pytest.raises(ValueError, match="resume"):
         Option("x", 1, resume="sometimes")
@@ -101,3 +124,5 @@ def test_a_table_entry_that_contradicts_itself_is_refused_where_it_is_written():
         Option("x", None)
     with pytest.raises(ValueError, match="low=2 > high=1"):
         Option("x", 1, low=2, high=1)
+    with pytest.raises(ValueError, match="module:NAME"):
+        Option("x", "a", choices="a,b")

@@ -105,7 +105,8 @@ def test_the_trainer_applies_the_weights_to_the_advantages_and_logs_the_mismatch
     """`train.batch.sampler_correction`: advantages times the weights with `tis_cap`, untouched without; the
     mismatch metrics only where the sampler filters no token (top_p 1, no top_k)."""
     from mathrl_jax.train import algorithms
-    from mathrl_jax.train.batch._prepare import BatchSettings, sampler_correction
+    from mathrl_jax.train.batch import BatchSettings
+    from mathrl_jax.train.batch._prepare import sampler_correction
 
     trainer, sampler, mask = arrays(4)
     advantages = np.random.RandomState(5).normal(size=(B, T)).astype(np.float32) * mask

@@ -152,9 +152,6 @@ def test_bad_flags_are_refused():
 
 
 def test_the_attention_choices_are_the_models():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    try:
-        import bench_gpu
-    finally:
-        sys.path.remove(os.path.dirname(SCRIPT))
+    from benchmarks import gpu as bench_gpu
+
     assert bench_gpu.ATTENTION_IMPLEMENTATIONS == attention.ATTENTION_IMPLEMENTATIONS

@@ -1,7 +1,6 @@
 """scripts/bench_packing.py and scripts/bench_grader.py on small shapes: they run, and what they print is
 consistent with the batch they measured (the padding ratio recomputed here, the speed-up columns)."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -26,9 +25,8 @@ def test_bench_packing_prints_the_padding_ratio_of_its_batch_and_both_passes():
     flags = dict(rows=8, prompt=8, median=12, longest=40, hidden=32, layers=1, vocab=256, repeats=1, seed=3)
     result = run("bench_packing.py", *[f"--{k.replace('_', '-')}={v}" for k, v in flags.items()])
     assert result.returncode == 0, result.stderr[-2000:]
-    spec = importlib.util.spec_from_file_location("bench_packing", os.path.join(ROOT, "scripts", "bench_packing.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from benchmarks import packing as bench
+
     batch, real = bench.lengths_batch(8, 8, 12, 40, 256, 3)
     assert (batch["response_mask"].sum(axis=1) == 40).any()  # the long tail's row is there
     ratio = float(re.search(r"padding ratio ([\d.]+)", result.stdout).group(1))

@@ -284,3 +284,23 @@ def test_evaluate_on_the_vllm_engine_gives_the_jax_samplers_numbers(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         results[sampler] = json.loads(done.stdout)  # the JSON alone: vLLM logs to stderr
     assert results["vllm"] == results["jax"]
+
+
+def test_each_option_training_has_is_also_spelled_as_its_training_key():
+    """evaluate.py takes train.py's names (`--config.max_new_tokens`) beside its own: each names a key of the
+    training table, and sets what the option sets."""
+    from mathrl_jax import options
+    from mathrl_jax.configs import default
+
+    spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    keys = {option.key for option in options.options_of(default.OPTIONS)}
+    assert set(script.TRAINING_KEYS.values()) <= keys
+    parser = script.build_parser()
+    values = {"--max-new-tokens": "7", "--n-samples": "3", "--template": "boxed", "--levels": "1,2", "--seed": "5"}
+    own = parser.parse_args(["--model", "m", *[f"{k}={v}" for k, v in values.items()]])
+    trained = parser.parse_args(
+        ["--config.model_name_or_path=m", *[f"--config.{script.TRAINING_KEYS[k]}={v}" for k, v in values.items()]]
+    )
+    assert vars(own) == vars(trained) and own.max_new_tokens == 7 and own.template == "boxed"

@@ -38,10 +38,9 @@ TINY = [
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("learning_curves", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import learning_curves
+
+    return learning_curves
 
 
 def run_script(*args):

@@ -3,7 +3,6 @@ run by its own words, the paired gap and its t interval computed apart."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +16,9 @@ SEEDS = range(5)
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("testbed_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import testbed_report
+
+    return testbed_report
 
 
 def seed_row(seed, end, *, start=0.15, control_gain=-0.03, midpoint=3.0, entropy=0.07, hard=0.0, pass_k=(0.4, 0.8)):

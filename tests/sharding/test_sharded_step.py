@@ -147,8 +147,7 @@ def test_activation_constraints_split_batch_and_heads_under_a_mesh():
 def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
     """Under fsdp, XLA would return the norm weights (and their Adam moments) sharded over fsdp where their rule
     replicates them; the next call would then compile the whole update again."""
-    from mathrl_jax.train.setup._build import place_state
-    from mathrl_jax.train.state import create_train_state, make_optimizer
+    from mathrl_jax.train.state import create_train_state, make_optimizer, place_state
     from mathrl_jax.train.update._passes import compute_logprobs_fn
     from mathrl_jax.train.update._step import UpdateConfig, make_update_fn
 
@@ -184,8 +183,7 @@ def test_the_update_returns_the_state_on_its_rule_shardings_and_compiles_once():
 def test_a_packed_update_on_a_mesh_equals_it_on_one_device(minibatches, max_rows):
     """Packed micro-batches (rows a multiple of dp x fsdp) on 8 devices: the same step as one device's, with one
     micro-batch per minibatch and with token-budget micro-batches (skipped when empty, under `lax.cond`)."""
-    from mathrl_jax.train.setup._build import place_state
-    from mathrl_jax.train.state import create_train_state
+    from mathrl_jax.train.state import create_train_state, place_state
     from mathrl_jax.train.update._minibatches import with_packing
     from mathrl_jax.train.update._passes import compute_logprobs_fn
     from mathrl_jax.train.update._step import UpdateConfig, make_update_fn

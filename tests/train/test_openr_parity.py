@@ -19,6 +19,7 @@ from flax import nnx
 
 from mathrl_jax import losses
 from mathrl_jax.configs import openr_appo, openr_tppo
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.models import QwenCritic, QwenForCausalLM, codec, tiny_config
 from mathrl_jax.train.batch import _advantages as advantages_lib
 from mathrl_jax.train.rollouts import _problems as problems
@@ -414,5 +415,5 @@ def test_a_math_subject_as_dataset_name_keeps_that_subjects_problems(tmp_path):
     assert len(train) + len(held_out) == 20
     assert {p.subject for p in train + held_out} == {"Counting & Probability"}
     config.dataset_name = "geometry"
-    with pytest.raises(validation.TrainingError, match="counting_and_probability"):
+    with pytest.raises(TrainingError, match="counting_and_probability"):
         problems.load_data(config)

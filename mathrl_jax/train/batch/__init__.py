@@ -1,19 +1,19 @@
 """Rollouts to an update batch: `BatchMaker` / `prepare_batch` (rewards shaped, advantages computed by each
 algorithm's estimator, rows filtered, the minibatch order and packing plan drawn), with its `BatchSettings`.
 
-Behind the door: `_prepare` (the batch), `_advantages` (each estimator's call).
+Behind the door: `_prepare` (the batch), `_settings` (BatchSettings, DapoSettings), `_advantages` (each
+estimator's call, on the host where the scores alone make them), `_control` (the control's shuffled rewards).
 """
 
 from mathrl_jax.train.batch._advantages import compute_advantages
+from mathrl_jax.train.batch._control import control_rewards, shuffled_rewards
 from mathrl_jax.train.batch._prepare import (
     BatchMaker,
-    BatchSettings,
-    DapoSettings,
     action_indices,
-    control_rewards,
     mesh_context,
     prepare_batch,
 )
+from mathrl_jax.train.batch._settings import BatchSettings, DapoSettings
 
 __all__ = [
     "BatchMaker",
@@ -22,6 +22,7 @@ __all__ = [
     "action_indices",
     "compute_advantages",
     "control_rewards",
+    "shuffled_rewards",
     "mesh_context",
     "prepare_batch",
 ]

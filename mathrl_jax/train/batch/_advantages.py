@@ -147,6 +147,41 @@ FROM_VALUES = {
 values and the actions' index."""
 
 
+def from_scores(algorithm: "str | algorithms.Algorithm") -> bool:
+    """Whether `algorithm`'s advantages come from the scores alone (its estimator is one of `FROM_SCORES`)."""
+    record = algorithm if isinstance(algorithm, algorithms.Algorithm) else algorithms.algorithm(algorithm)
+    return record.advantages in FROM_SCORES
+
+
+def host_score_advantages(
+    algorithm: "str | algorithms.Algorithm",
+    response_mask: np.ndarray,
+    scores: np.ndarray,
+    *,
+    group_ids: np.ndarray,
+    num_groups: int,
+    row_mask: np.ndarray,
+    gamma: float = 1.0,
+) -> Dict[str, np.ndarray]:
+    """`compute_advantages` of an algorithm whose advantages come from the scores alone, on the host: the same
+    program on JAX's CPU backend, from host arrays, returned as NumPy arrays. The batch then carries them to the
+    device with its other arrays, and the host plans the update from them where they are (no round trip). On a
+    CPU the result is the device's bit for bit (the same program on the same backend)."""
+    if not from_scores(algorithm):
+        raise ValueError(f"algorithm {algorithm!r} needs critic values, which are the device's")
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        out = compute_advantages(
+            algorithm,
+            {"response_mask": response_mask},
+            scores,
+            group_ids=group_ids,
+            num_groups=num_groups,
+            row_mask=row_mask,
+            gamma=gamma,
+        )
+    return jax.device_get(out)
+
+
 def compute_advantages(
     algorithm: "str | algorithms.Algorithm",
     batch: Dict[str, jax.Array],

@@ -1,18 +1,20 @@
 """From graded rollouts to the update's batch: padded arrays, recomputed log-probs and values, advantages.
 
     batches = BatchMaker(BatchSettings(...), codec, mesh, logprobs, values, ref_params)
-    batch, metrics = prepare_batch(batches, state, rollouts, scores, rng=...)
+    batch, metrics, shape_floors = prepare_batch(batches, state, rollouts, scores, rng=..., shape_floors=...)
 
-The batch crosses to the device once with the passes' packing plan, the few arrays the host plans with come back
-once (none at all in the default GRPO run), and the update's minibatch order and packing plan, both drawn on the
-host, cross once more with the batch's device arrays (`update.with_packing`).
+The batch crosses to the device once with the passes' packing plan (and advantages made from the scores alone,
+which the host makes: `_advantages.host_score_advantages`), the few arrays the host plans with come back once (none
+at all in the default GRPO run: `tests/train/batch/test_batch.py`), and the update's minibatch order and packing
+plan, both drawn on the host, cross once more with the batch's device arrays (`update.with_packing`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,90 +25,16 @@ from mathrl_jax import losses
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling.jax_sampler import bucket
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import algorithms, update
+from mathrl_jax.train import update
+from mathrl_jax.train.batch._settings import BatchSettings, DapoSettings
 from mathrl_jax.train.state import model_params
-
-
-@dataclasses.dataclass(frozen=True)
-class DapoSettings:
-    """DAPO's reward shaping (Yu et al. 2025): the group filter on success rates strictly inside (lb, ub), a
-    response counted a success when its score is at least `correct_score` (above 0 with None), and the soft
-    overlong penalty of a response within `overlong_buffer_len` tokens of `max_new_tokens`."""
-
-    max_new_tokens: int
-    success_rate_lb: float = 0.0
-    success_rate_ub: float = 1.0
-    overlong_buffer_len: int = 0
-    overlong_penalty_factor: float = 1.0
-    correct_score: Optional[float] = None
-
-    def __post_init__(self):
-        if not 0.0 <= self.success_rate_lb <= self.success_rate_ub <= 1.0:
-            raise ValueError(
-                f"dapo.success_rate_lb={self.success_rate_lb}, dapo.success_rate_ub={self.success_rate_ub}: expected "
-                "0 <= lb <= ub <= 1"
-            )
-        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
-            raise ValueError(
-                f"dapo.overlong_buffer_len={self.overlong_buffer_len}, dapo.overlong_penalty_factor="
-                f"{self.overlong_penalty_factor}: must be >= 0"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchSettings:
-    """How rollouts become the update's batch (one section of the run's settings, made by the build).
-
-    algorithm: the record whose estimator makes the advantages (`algorithms.ALGORITHMS`).
-    max_length: the widest row, `max_prompt_length + max_new_tokens`.
-    whiten: standardise a critic's advantages over the batch's tokens (`advantage_whitening="batch"`).
-    old_logprobs_from_sampler: PPO's old log-probs are the sampler's (`sections.old_logprobs_from_sampler`), not
-      recomputed.
-    step_separator: where a completion's reasoning steps end (the actions of `Algorithm.actions`, the PRM's steps).
-    pack_length: tokens per packed row of the passes and the update; None trains on padded rows.
-    ppo_epoch, num_mini_batch, micro_batch_size, skip_zero_advantage: the update's (`UpdateConfig`), for its plan.
-    tis_cap: truncated importance weights min(pi_trainer / pi_sampler, C) on the advantages; None: off.
-    sampler_filters: the sampler filters tokens (top_p < 1 or top_k > 0): its log-probs are not the policy's.
-    dapo: DAPO's shaping, with an algorithm of `dynamic_sampling`.
-    """
-
-    algorithm: algorithms.Algorithm
-    max_length: int
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten: bool = True
-    kl_reward_coef: float = 0.0
-    old_logprobs_from_sampler: bool = False
-    step_separator: str = "\n"
-    pack_length: Optional[int] = None
-    ppo_epoch: int = 1
-    num_mini_batch: int = 1
-    micro_batch_size: Optional[int] = None
-    skip_zero_advantage: bool = False
-    tis_cap: Optional[float] = None
-    sampler_filters: bool = False
-    dapo: Optional[DapoSettings] = None
-
-    def __post_init__(self):
-        if self.algorithm.dynamic_sampling != (self.dapo is not None):
-            raise ValueError(f"dapo settings are for an algorithm of dynamic sampling (got {self.algorithm})")
-        if self.max_length < 2 or self.ppo_epoch < 1 or self.num_mini_batch < 1:
-            raise ValueError(
-                f"max_length={self.max_length}, ppo_epoch={self.ppo_epoch}, num_mini_batch={self.num_mini_batch}"
-            )
-        if self.tis_cap is not None and not self.tis_cap > 0:
-            raise ValueError(f"tis_cap={self.tis_cap} must be > 0, or None")
 
 
 @dataclasses.dataclass
 class BatchMaker:
-    """What `prepare_batch` works with: its settings, the tokenizer, the trainer's mesh and jitted passes, the
-    reference params (with a KL to the reference), and the shapes the batches have grown to.
-
-    `shape_floors`: high-water marks of the batch's shapes (its width, the packing plans' dimensions): a batch is
-    planned at least as large as any before it, so the update and the passes compile once per growth, not per
-    batch. Saved with each checkpoint, so a resumed run pads and packs as the uninterrupted one.
-    """
+    """What `prepare_batch` works with, set once by the build: its settings, the tokenizer, the trainer's mesh and
+    jitted passes, the reference params (with a KL to the reference). The shapes the batches have grown to are
+    the loop's (`state.HostState.shape_floors`): passed in, the next ones returned."""
 
     settings: BatchSettings
     codec: TextCodec
@@ -116,7 +44,6 @@ class BatchMaker:
     ref_params: Any = None  # the whole reference model (`state_lib.model_params`)
     frozen: Any = None  # a LoRA run's base weights, which `state.params` (the adapters) are joined with
     critic_frozen: Any = None  # a critic's untrained part (`value_head.frozen_trunk`), joined with its head
-    shape_floors: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def action_indices(codec: TextCodec, rollouts, separator: str) -> List[np.ndarray]:
@@ -172,9 +99,11 @@ def prepare_batch(
     row_advantages=None,
     row_mask=None,
     correct=None,
-) -> Dict[str, Any]:
+    shape_floors: Mapping[str, Any] = MappingProxyType({}),
+) -> Tuple[Dict[str, Any], Dict[str, float], Dict[str, Any]]:
     """The update's batch for `state`: padded arrays, recomputed old / reference log-probs, values, advantages,
-    the minibatch order and, with packing, the update's plan; and the batch's metrics.
+    the minibatch order and, with packing, the update's plan; the batch's metrics; and the shape floors after it
+    (`shape_floors`, the loop's `HostState`, grown to this batch's shapes where it is larger).
 
     `correct`: the verifier's `[N]` verdicts (DAPO's success rates), None where nothing graded.
     `rng`: the raw key data `state.rng` holds, on the host (None reads `state.rng`, a transfer from the device),
@@ -186,26 +115,75 @@ def prepare_batch(
         scores, row_mask, dapo_metrics = dapo_shaping(s.dapo, rollouts, scores, correct)
         metrics.update(dapo_metrics)
     # The widest batch so far at least: the passes and the update compile once per growth, not per batch.
-    width = max(batch_columns(s.max_length, rollouts), maker.shape_floors.get("width", 0))
-    maker.shape_floors["width"] = width
+    floors = dict(shape_floors)
+    width = max(batch_columns(s.max_length, rollouts), floors.get("width", 0))
+    floors["width"] = width
     arrays = rollouts.to_batch(maker.codec.pad_token_id, max_length=width)
     arrays.pop("prompt_length")
     sampler_logprobs = arrays.pop("sampler_logprobs")
     shape = pack_shape(s, maker.mesh, width)
-    passes_run = not s.old_logprobs_from_sampler or maker.ref_params is not None or maker.values is not None
-    plan = None
-    if shape is not None and passes_run:  # no pass to pack when the old log-probs are the sampler's alone
-        floor = f"passes/{shape['row_tokens']}/{shape['max_rows_per_micro']}"
-        plan = update.plan_passes(
-            arrays["attention_mask"],
-            shape["row_tokens"],
-            max_rows_per_chunk=shape["max_rows_per_micro"],
-            rows_multiple=shape["rows_multiple"],
-            min_shape=maker.shape_floors.get(floor),
+    passes_plan = _passes_plan(maker, arrays, shape, floors)
+    host_advantages = None
+    if row_advantages is None and advantages_lib.from_scores(s.algorithm):
+        # From the scores alone: made on the host, they cross once with the batch (and the plan reads them here).
+        host_advantages = advantages_lib.host_score_advantages(
+            s.algorithm,
+            arrays["response_mask"],
+            scores,
+            group_ids=rollouts.prompt_indices,
+            num_groups=int(rollouts.prompt_indices.max()) + 1,
+            row_mask=row_mask,
+            gamma=s.gamma,
         )
-        maker.shape_floors[floor] = list(update.plan_shape(plan))  # JSON, in the checkpoint's metadata
+    batch, old, ref, values = _with_passes(maker, state, arrays, passes_plan, host_advantages)
+    # What the update's plan reads, from the host's own copies (row_mask applied as the device's advantages do).
+    response_mask = arrays["response_mask"] * row_mask[:, None]
+    host_masks = dict(attention_mask=arrays["attention_mask"], response_mask=response_mask)
+    if row_advantages is not None:  # the source made them (multi-turn ReBN)
+        response_mask = batch["response_mask"] * jnp.asarray(row_mask)[:, None]
+        advantages = losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask)
+        batch.update(response_mask=response_mask, advantages=advantages)
+        batch, floors = with_update_plan(maker, batch, host_masks, shape, rng, state, floors)
+        return batch, metrics, floors
+    if host_advantages is not None:
+        if s.tis_cap is None:  # else the correction below scales them on the device, and the plan reads those
+            host_masks["advantages"] = host_advantages["advantages"]
+    else:
+        batch.update(_device_advantages(maker, rollouts, arrays, batch, scores, row_mask, values, ref, action_rewards))
+    if not s.old_logprobs_from_sampler:
+        batch, mismatch = sampler_correction(s, batch, distributed.fetch(old), sampler_logprobs)
+        metrics.update(mismatch)
+    batch, floors = with_update_plan(maker, batch, host_masks, shape, rng, state, floors)
+    return batch, metrics, floors
+
+
+def _passes_plan(maker: BatchMaker, arrays, shape, floors: Dict[str, Any]):
+    """The packing plan of the trainer's passes (None: padded rows, or no pass runs), `floors` grown to it."""
+    s = maker.settings
+    passes_run = not s.old_logprobs_from_sampler or maker.ref_params is not None or maker.values is not None
+    if shape is None or not passes_run:  # no pass to pack when the old log-probs are the sampler's alone
+        return None
+    floor = f"passes/{shape['row_tokens']}/{shape['max_rows_per_micro']}"
+    plan = update.plan_passes(
+        arrays["attention_mask"],
+        shape["row_tokens"],
+        max_rows_per_chunk=shape["max_rows_per_micro"],
+        rows_multiple=shape["rows_multiple"],
+        min_shape=floors.get(floor),
+    )
+    floors[floor] = list(update.plan_shape(plan))  # JSON, in the checkpoint's metadata
+    return plan
+
+
+def _with_passes(maker: BatchMaker, state, arrays, plan, host_advantages):
+    """(the batch on the device, old log-probs, reference log-probs, values): the arrays (and advantages the host
+    made) cross once with the passes' plan, then the trainer's passes run where they are needed."""
+    s = maker.settings
     to_device = {k: v for k, v in arrays.items() if k != "old_logprobs" or s.old_logprobs_from_sampler}
+    if host_advantages is not None:
+        to_device[ADVANTAGES_IN_TRANSIT] = host_advantages
     batch, plan = jax.device_put((to_device, plan))  # int32 / float32 already
+    in_transit = batch.pop(ADVANTAGES_IN_TRANSIT, None)
     inputs = (batch["input_ids"], batch["attention_mask"], plan)
     with mesh_context(maker.mesh):
         if s.old_logprobs_from_sampler:
@@ -225,14 +203,15 @@ def prepare_batch(
         batch["old_logprobs"] = old
     if ref is not None:
         batch["ref_logprobs"] = ref
-    # What the update's plan reads, from the host's own copies (row_mask applied as the device's advantages do).
-    response_mask = arrays["response_mask"] * row_mask[:, None]
-    host_masks = dict(attention_mask=arrays["attention_mask"], response_mask=response_mask)
-    if row_advantages is not None:  # the source made them (multi-turn ReBN)
-        response_mask = batch["response_mask"] * jnp.asarray(row_mask)[:, None]
-        advantages = losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask)
-        batch.update(response_mask=response_mask, advantages=advantages)
-        return with_update_plan(maker, batch, host_masks, shape, rng, state), metrics
+    if in_transit is not None:
+        batch.update(in_transit)  # the row-masked response mask and the advantages, after the passes' masking
+    return batch, old, ref, values
+
+
+def _device_advantages(maker: BatchMaker, rollouts, arrays, batch, scores, row_mask, values, ref, action_rewards):
+    """The advantages of an estimator that reads the device's values (a critic's, the reference's KL), with the
+    reasoning steps' index where the algorithm trains on actions."""
+    s = maker.settings
     action_index = None
     if s.algorithm.actions:
         rows = action_indices(maker.codec, rollouts, s.step_separator)
@@ -243,7 +222,7 @@ def prepare_batch(
         action_index = jnp.asarray(action_index)
         if action_rewards is not None:
             action_rewards = jnp.asarray(action_rewards)
-    advantages = advantages_lib.compute_advantages(
+    return advantages_lib.compute_advantages(
         s.algorithm,
         batch,
         jnp.asarray(scores),
@@ -259,11 +238,10 @@ def prepare_batch(
         action_rewards=action_rewards,
         whiten=s.whiten,
     )
-    batch.update(advantages)
-    if not s.old_logprobs_from_sampler:
-        batch, mismatch = sampler_correction(s, batch, distributed.fetch(old), sampler_logprobs)
-        metrics.update(mismatch)
-    return with_update_plan(maker, batch, host_masks, shape, rng, state), metrics
+
+
+ADVANTAGES_IN_TRANSIT = "advantages_made_on_the_host"
+"""The key the host's advantages cross to the device under, beside the batch's arrays (`prepare_batch`)."""
 
 
 def sampler_correction(settings, batch: Dict[str, Any], trainer_logprobs: np.ndarray, sampler_logprobs: np.ndarray):
@@ -305,39 +283,41 @@ def pack_shape(settings: BatchSettings, mesh, width: int) -> Optional[Dict[str, 
     row_tokens = max(int(settings.pack_length), width)
     shards = 1 if mesh is None else int(mesh.shape.get("dp", 1) * mesh.shape.get("fsdp", 1))
     max_rows_per_micro = None
-    if settings.micro_batch_size:
-        max_rows_per_micro = max(1, settings.micro_batch_size * width // row_tokens)
+    if settings.update.micro_batch_size:
+        max_rows_per_micro = max(1, settings.update.micro_batch_size * width // row_tokens)
     return dict(row_tokens=row_tokens, max_rows_per_micro=max_rows_per_micro, rows_multiple=shards)
 
 
 def with_update_plan(
-    maker: BatchMaker, batch: Dict[str, Any], host_masks: Dict[str, np.ndarray], shape, rng, state
-) -> Dict[str, Any]:
-    """The batch with the update's minibatch order, drawn on the host from `rng` (or `state.rng`), and with
-    packing its plan (`update.with_packing`); what the plan reads of the device's arrays comes back at once."""
+    maker: BatchMaker, batch: Dict[str, Any], host_masks: Dict[str, np.ndarray], shape, rng, state, floors
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the batch with the update's minibatch order, drawn on the host from `rng` (or `state.rng`), and with
+    packing its plan (`update.with_packing`); the shape floors after it). What the plan reads of the device's
+    arrays comes back at once."""
     s = maker.settings
     rng = state.rng if rng is None else rng
     rows = host_masks["attention_mask"].shape[0]
-    order = update.host_minibatch_order(rng, rows, s.ppo_epoch, s.num_mini_batch)
+    order = update.host_minibatch_order(rng, rows, s.update.ppo_epoch, s.update.num_mini_batch)
     if shape is None:
-        return {**batch, update.ORDER: jax.device_put(order)}
-    wanted = [k for k in ("value_mask",) if k in batch] + ["advantages"] * s.skip_zero_advantage
-    host = {**host_masks, **distributed.fetch({k: batch[k] for k in wanted})}
+        return {**batch, update.ORDER: jax.device_put(order)}, floors
+    wanted = [k for k in ("value_mask",) if k in batch] + ["advantages"] * s.update.skip_zero_advantage
+    wanted = [k for k in wanted if k not in host_masks]  # what the host does not hold already
+    host = {**host_masks, **(distributed.fetch({k: batch[k] for k in wanted}) if wanted else {})}
     floor = f"update/{shape['row_tokens']}/{shape['max_rows_per_micro']}"
     planned = update.with_packing(
         host,
         None,
-        ppo_epoch=s.ppo_epoch,
-        num_mini_batch=s.num_mini_batch,
-        skip_zero_advantage=s.skip_zero_advantage,
-        min_shape=maker.shape_floors.get(floor),
+        ppo_epoch=s.update.ppo_epoch,
+        num_mini_batch=s.update.num_mini_batch,
+        skip_zero_advantage=s.update.skip_zero_advantage,
+        min_shape=floors.get(floor),
         order=order,
         **shape,
     )
     plan = planned[update.PACKED]
-    maker.shape_floors[floor] = list(update.plan_shape(plan))
+    floors = {**floors, floor: list(update.plan_shape(plan))}
     order, plan = jax.device_put((order, plan))
-    return {**batch, update.ORDER: order, update.PACKED: plan}
+    return {**batch, update.ORDER: order, update.PACKED: plan}, floors
 
 
 @contextlib.contextmanager
@@ -347,31 +327,3 @@ def mesh_context(mesh):
             yield
     else:
         yield
-
-
-def shuffled_rewards(scores: np.ndarray, seed: int, iteration: int) -> np.ndarray:
-    """The control run's rewards: the batch's own `[N]` scores in a random order (a function of seed and
-    iteration, so a resumed control shuffles as an uninterrupted one).
-
-    Same reward distribution, no information about which response earned which:
-    whatever a policy learns from these, it does not learn from the verifier.
-    """
-    order = np.random.default_rng([seed, iteration, 0x5EED]).permutation(len(scores))
-    return np.asarray(scores)[order]
-
-
-def control_rewards(
-    scores: np.ndarray,
-    correct: Optional[np.ndarray],
-    seed: int,
-    iteration: int,
-    step_rewards: Optional[np.ndarray] = None,
-):
-    """The control run's (scores, verdicts, step rewards): each response's, given to another response of the
-    batch, all by one random permutation (`shuffled_rewards`): DAPO's successes and a process reward model's step
-    scores (`[N, A]` rows) tell no more than the scores do. A row's step scores past its own steps are ignored."""
-
-    def shuffled(values):
-        return None if values is None else shuffled_rewards(values, seed, iteration)
-
-    return shuffled_rewards(scores, seed, iteration), shuffled(correct), shuffled(step_rewards)

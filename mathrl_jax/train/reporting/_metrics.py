@@ -38,11 +38,12 @@ import numpy as np
 
 from mathrl_jax import files
 from mathrl_jax.sharding.distributed import is_main_process
+from mathrl_jax.train import run_directory
 
 if TYPE_CHECKING:
     from typing import Self  # Python >= 3.11; annotations only
 
-JSONL_NAME = "metrics.jsonl"
+JSONL_NAME = run_directory.METRICS
 RESERVED_KEYS = ("step", "time")
 
 

@@ -17,13 +17,14 @@ import uuid
 from typing import Any, Mapping
 
 from mathrl_jax import files
+from mathrl_jax.train import run_directory
 
 MODES = ("offline", "online")
 
 
 def run_id(logdir: str, resumed: bool) -> str:
     """The wandb run id of a run directory: the one saved there when `resumed`, else a new one (saved)."""
-    path = os.path.join(logdir, "wandb", "run_id")
+    path = os.path.join(logdir, run_directory.WANDB, "run_id")
     if resumed and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             return f.read().strip()

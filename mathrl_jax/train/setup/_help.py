@@ -1,7 +1,7 @@
 """`scripts/train.py --help`: every option of a config with its value and a one-line meaning, grouped as
 `configs/default.py`'s table groups them.
 
-The meanings are the table's own (`configs/options.py`: an option's `meaning`, else its section's), so each
+The meanings are the table's own (`options.py`: an option's `meaning`, else its section's), so each
 option is described once, where it is defined. Options a config adds beyond the table are listed under "other"
 with no meaning.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from mathrl_jax.configs import default, options
+from mathrl_jax import options
+from mathrl_jax.configs import default
 
 _MEANING_WIDTH = 110
 

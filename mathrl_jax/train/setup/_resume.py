@@ -7,8 +7,10 @@ import json
 import os
 from typing import Any, Tuple
 
-from mathrl_jax.configs import default, options
+from mathrl_jax import options
+from mathrl_jax.configs import default
 from mathrl_jax.errors import fail
+from mathrl_jax.train import run_directory
 from mathrl_jax.train.setup._validation import flat_items
 
 
@@ -57,8 +59,8 @@ def allowed_resume_changes(config) -> Tuple[str, ...]:
 def check_resumed_config(config, run_dir: str) -> None:
     """A run that resumes a checkpoint in `run_dir` trains what the saved `config.json` says: each other key that
     differs is refused, naming it and both values, before anything is written."""
-    path = os.path.join(run_dir, "config.json")
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    path = run_directory.path(run_dir, run_directory.CONFIG)
+    checkpoints = run_directory.path(run_dir, run_directory.CHECKPOINTS)
     if not config.resume or not os.path.isfile(path) or not os.path.isdir(checkpoints):
         return
     if not any(name.isdigit() for name in os.listdir(checkpoints)):

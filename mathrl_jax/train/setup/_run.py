@@ -24,9 +24,9 @@ class RunSettings:
       (`max_head_offpolicyness`).
     step_rewards_only: the PRM's step scores are the whole reward (`reward_source="prm"`): the verifier's are
       zeroed.
-    shuffle_rewards: the control run (`batch.shuffled_rewards`).
-    micro_batch_size, num_mini_batch, max_new_tokens, max_length, prompts_per_iteration: named by the
-      out-of-memory message, the options that size the trainer's passes.
+    shuffle_rewards: the control run (`batch.control_rewards`).
+    max_new_tokens, prompts_per_iteration: named by the out-of-memory message, beside the batch's settings (the
+      options that size the trainer's passes).
     """
 
     run_dir: str
@@ -39,10 +39,7 @@ class RunSettings:
     max_staleness: int = 0
     step_rewards_only: bool = False
     shuffle_rewards: bool = False
-    micro_batch_size: int = 0
-    num_mini_batch: int = 1
     max_new_tokens: int = 1
-    max_length: int = 2
     prompts_per_iteration: int = 1
 
     def __post_init__(self):
@@ -55,8 +52,8 @@ class RunSettings:
 
 @dataclasses.dataclass
 class Run:
-    """Set once by `build_run`; the loop carries the state (`train_iteration` returns the next one) and the data
-    position of the last batch the learner consumed (saved with each checkpoint)."""
+    """Set once by `build_run`, never written after: `state` and `host` are where the run starts (a checkpoint's,
+    when it resumes); the loop carries its own, each iteration returning the next (`loop.train_iteration`)."""
 
     settings: RunSettings
     graphdef: Any
@@ -75,7 +72,7 @@ class Run:
     game: Optional[GameSettings] = None  # multi-turn: the environment, ReBN's discount, the held-out games
     model_dir: str = ""  # the checkpoint the policy started from (tokenizer files for the export)
     pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
-    data_state: Optional[Dict[str, int]] = None  # loader position after the last consumed batch
+    host: state_lib.HostState = state_lib.HostState()  # the data position and batch shapes it starts from
     lora_base: Optional[Dict[str, str]] = None  # a LoRA run's base: path and hash, in each checkpoint
     # The second held-out set (arithmetic.eval_digits, countdown.eval_count), beside the first as eval_hard/*; [] = none
     hard_eval_prompts: List[List[int]] = dataclasses.field(default_factory=list)

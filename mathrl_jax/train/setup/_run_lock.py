@@ -15,8 +15,9 @@ import os
 from typing import Dict
 
 from mathrl_jax.errors import fail
+from mathrl_jax.train import run_directory
 
-LOCK_NAME = ".lock"
+LOCK_NAME = run_directory.LOCK
 _HELD: Dict[str, int] = {}  # real path of a run dir -> the descriptor holding its lock (this process)
 
 

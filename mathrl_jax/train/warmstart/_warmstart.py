@@ -19,6 +19,7 @@ from mathrl_jax.models import hf
 from mathrl_jax.models.codec import TextCodec
 from mathrl_jax.sampling import JaxSampler
 from mathrl_jax.sharding import distributed
+from mathrl_jax.train import run_directory
 from mathrl_jax.train.reporting import Progress
 from mathrl_jax.train.rollouts import PromptSettings, encode_prompts
 
@@ -121,7 +122,7 @@ def warm_start(
     """Supervised warm-start into run_dir/warmstart_model (once; a resumed run reuses it): `examples()` (the
     task's teacher: `warmstart_examples`, or a game's `game_warmstart_examples`), with the held-out
     `accuracy(sampler)` before and after (the greedy accuracy, or a game's success rate)."""
-    directory = os.path.join(run_dir, "warmstart_model")
+    directory = run_directory.path(run_dir, run_directory.WARMSTART_MODEL)
     if settings.steps <= 0:
         return model_dir, {}
     if os.path.isdir(directory):
@@ -163,7 +164,7 @@ def warm_start(
             json.dump({"run_dir": os.path.realpath(run_dir), "metrics": metrics}, f, indent=2)
 
     # Every process has checked `directory` above before process 0 writes it (the barrier in on_main_process).
-    distributed.on_main_process("warmstart_model", lambda: files.write_directory(directory, write))
+    distributed.on_main_process(run_directory.WARMSTART_MODEL, lambda: files.write_directory(directory, write))
     return directory, metrics
 
 
@@ -172,7 +173,7 @@ def unlogged_warmstart_metrics(run_dir: str, directory: str) -> dict:
     between writing `warmstart_model` and logging the record logs it when resumed; otherwise nothing. Only the
     run that trained the warm-start logs it: a copy of another run's `warmstart_model` (a control's) does not."""
     path = os.path.join(directory, WARMSTART_METRICS)
-    log = os.path.join(run_dir, "metrics.jsonl")
+    log = run_directory.path(run_dir, run_directory.METRICS)
     if not os.path.isfile(path):
         return {}
     with open(path) as f:

@@ -9,6 +9,7 @@ import pytest
 
 from mathrl_jax.train.batch import _advantages as advantages_lib
 from mathrl_jax.train.batch import _prepare as batch
+from mathrl_jax.train.batch import control_rewards, shuffled_rewards
 from mathrl_jax.train.rollouts import _collect as collect
 from mathrl_jax.train.setup import _build as build
 from mathrl_jax.train.setup import _sections as sections
@@ -17,12 +18,12 @@ from tests.train.loop_fixtures import model_dir, small_config  # noqa: F401  (th
 
 def test_shuffled_rewards_are_a_seeded_permutation_within_the_batch():
     scores = np.arange(64, dtype=np.float32)
-    shuffled = batch.shuffled_rewards(scores, seed=0, iteration=3)
+    shuffled = shuffled_rewards(scores, seed=0, iteration=3)
     np.testing.assert_array_equal(np.sort(shuffled), scores)  # the same rewards, so the same distribution
     assert np.mean(shuffled == scores) < 0.2  # ... on other responses
-    np.testing.assert_array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=3))
-    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=0, iteration=4))
-    assert not np.array_equal(shuffled, batch.shuffled_rewards(scores, seed=1, iteration=3))
+    np.testing.assert_array_equal(shuffled, shuffled_rewards(scores, seed=0, iteration=3))
+    assert not np.array_equal(shuffled, shuffled_rewards(scores, seed=0, iteration=4))
+    assert not np.array_equal(shuffled, shuffled_rewards(scores, seed=1, iteration=3))
 
 
 @pytest.mark.parametrize("temperature, expected", [(1.0, True), (0.7, False)])
@@ -53,9 +54,9 @@ def test_the_samplers_old_logprobs_are_the_trainers_recomputed_ones(model_dir, t
     try:
         rollouts, _, rewarded = collect.collect(run.rollouts, 1)
         scores = rewarded.scores
-        recomputed, metrics = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+        recomputed, metrics, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
         run.batches.settings = dataclasses.replace(run.batches.settings, old_logprobs_from_sampler=True)
-        reported, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+        reported, _, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
     finally:
         run.rollouts.grader.close()
         run.checkpointer.close()
@@ -97,7 +98,7 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
         scores = rewarded.scores
         scores = np.where(rollouts.prompt_indices % 2 == 0, 1.0, scores).astype(np.float32)  # even groups all right
         scores[rollouts.prompt_indices == 1] = [1.0, 0.0, 0.0, 0.0]  # one group that learns
-        prepared, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+        prepared, _, _ = batch.prepare_batch(run.batches, run.state, rollouts, scores)
     finally:
         run.rollouts.grader.close()
         run.checkpointer.close()
@@ -107,6 +108,44 @@ def test_an_iterations_update_plan_leaves_out_the_groups_that_earned_one_reward(
     assert trained == set(np.flatnonzero((advantages != 0).any(axis=1)).tolist())
     assert trained >= set(np.flatnonzero(rollouts.prompt_indices == 1).tolist())
     assert not trained & set(np.flatnonzero(rollouts.prompt_indices % 2 == 0).tolist())
+
+
+@pytest.mark.parametrize("algorithm_name", ["grpo", "rloo"])
+def test_advantages_from_scores_are_made_on_the_host_and_nothing_comes_back(
+    algorithm_name,
+    model_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """The default GRPO batch (the sampler's old log-probs, packing, rows of zero advantage left out) fetches
+    nothing from the device: its advantages are made on the host, the device's numbers bit for bit, and the update's
+    plan reads them there. (They were made on the device and fetched back for the plan.)"""
+    import jax.numpy as jnp
+
+    config = small_config(model_dir, tmp_path / "run", num_iterations=1, algorithm_name=algorithm_name)
+    run = build.build_run(config)
+    fetched = []
+    fetch = batch.distributed.fetch
+    monkeypatch.setattr(batch.distributed, "fetch", lambda tree: fetched.append(sorted(tree)) or fetch(tree))
+    try:
+        rollouts, _, rewarded = collect.collect(run.rollouts, 1)
+        scores = rewarded.scores
+        prepared, _, floors = batch.prepare_batch(run.batches, run.state, rollouts, scores)
+    finally:
+        run.rollouts.grader.close()
+        run.checkpointer.close()
+        run.logger.close()
+    assert batch.update.PACKED in prepared and fetched == []
+    on_device = advantages_lib.compute_advantages(
+        algorithm_name,
+        {"response_mask": jnp.asarray(rollouts.to_batch(0, max_length=floors["width"])["response_mask"])},
+        jnp.asarray(scores),
+        group_ids=jnp.asarray(rollouts.prompt_indices),
+        num_groups=int(rollouts.prompt_indices.max()) + 1,
+    )
+    np.testing.assert_array_equal(np.asarray(prepared["advantages"]), np.asarray(on_device["advantages"]))
+    np.testing.assert_array_equal(np.asarray(prepared["response_mask"]), np.asarray(on_device["response_mask"]))
+    assert floors["width"] == prepared["input_ids"].shape[1]  # the floors returned are the batch's shapes
 
 
 def test_rloo_and_reinforce_pp_advantages_are_verls_formulas():
@@ -152,8 +191,8 @@ def test_the_controls_verdicts_and_step_rewards_move_with_its_scores():
     and its steps). Before, the verdicts reached DAPO's filter unshuffled, and a PRM run had no control."""
     scores = np.arange(16, dtype=np.float32)
     steps = np.stack([scores, -scores], axis=1)
-    shuffled, moved, moved_steps = batch.control_rewards(scores, scores % 3 == 0, 0, 5, steps)
+    shuffled, moved, moved_steps = control_rewards(scores, scores % 3 == 0, 0, 5, steps)
     assert not np.array_equal(shuffled, scores)
     np.testing.assert_array_equal(moved, shuffled % 3 == 0)
     np.testing.assert_array_equal(moved_steps, np.stack([shuffled, -shuffled], axis=1))
-    assert batch.control_rewards(scores, None, 0, 5)[1:] == (None, None)
+    assert control_rewards(scores, None, 0, 5)[1:] == (None, None)

@@ -7,8 +7,10 @@ import pytest
 
 from mathrl_jax.configs import countdown as countdown_recipe
 from mathrl_jax.data.countdown import check_derivation, parse_instance
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.train.rollouts import _problems as problems
 from mathrl_jax.train.setup import _build as build
+from mathrl_jax.train.setup import _inputs as inputs
 from mathrl_jax.train.setup import _resume as resume
 from mathrl_jax.train.setup import _sections as sections
 from mathrl_jax.train.setup import _validation as validation
@@ -52,20 +54,20 @@ def test_the_recipe_is_valid_and_fits_the_teacher():
 )
 def test_bad_countdown_settings_name_the_value(overrides, message, model_dir, tmp_path):  # noqa: F811
     config = countdown_config(model_dir, tmp_path / "bad", **overrides)
-    with pytest.raises(validation.TrainingError, match=message):
+    with pytest.raises(TrainingError, match=message):
         validation.validate_settings(config)
 
 
 def test_the_process_verifier_belongs_to_its_task(model_dir, tmp_path):  # noqa: F811
     config = countdown_config(model_dir, tmp_path / "prm", algorithm_name="tppo", reward_source="prm+verifier")
     config.prm_model_name_or_path = "countdown_steps"
-    with pytest.raises(validation.TrainingError, match="step_separator=','"):
+    with pytest.raises(TrainingError, match="step_separator=','"):
         validation.validate_settings(config)
     config.step_separator = ","
     validation.validate_settings(config)
-    assert type(build.load_prm(config)).__name__ == "CountdownStepVerifier"
+    assert type(inputs.load_prm(config)).__name__ == "CountdownStepVerifier"
     config.dataset_name = "arithmetic"
-    with pytest.raises(validation.TrainingError, match="countdown_steps.*needs dataset_name='countdown'"):
+    with pytest.raises(TrainingError, match="countdown_steps.*needs dataset_name='countdown'"):
         validation.validate_settings(config)
 
 
@@ -127,9 +129,9 @@ def test_the_warmstart_imitates_the_countdown_teacher_and_records_the_task(model
     directory.mkdir()
     (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
     config.countdown.count = 4
-    with pytest.raises(validation.TrainingError, match="task"):
+    with pytest.raises(TrainingError, match="task"):
         warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
 
     config.warmstart.targets = "answer"  # countdown's gold answer is the instance, nothing to imitate
-    with pytest.raises(validation.TrainingError, match="targets='answer' with dataset_name='countdown'"):
+    with pytest.raises(TrainingError, match="targets='answer' with dataset_name='countdown'"):
         problems.check_warmstart_data(config)

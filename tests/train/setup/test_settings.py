@@ -84,7 +84,7 @@ def test_every_algorithms_sections_are_built_from_the_default_config(name):
     record = algorithms.ALGORITHMS[name]
     assert batch.algorithm == record and (batch.dapo is not None) == record.dynamic_sampling
     assert update.policy_loss == record.policy_loss
-    assert batch.ppo_epoch == update.ppo_epoch == config.ppo_epoch
+    assert batch.update is update and update.ppo_epoch == config.ppo_epoch  # shared with the update, not copied
     rollouts = sections.rollout_settings(config)
     assert rollouts.sampling.n == config.group_size and rollouts.sampling_at(3).seed != rollouts.sampling_at(4).seed
     assert sections.run_settings(config).total_iterations == config.num_iterations

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.sampling.base import Rollouts
 from mathrl_jax.train.rollouts import _collect as collect
 from mathrl_jax.train.setup import _sections as sections
@@ -92,7 +93,7 @@ def test_the_injected_noise_is_what_the_trainer_measures(model_dir, tmp_path):  
 )
 def test_a_knob_that_would_do_nothing_or_too_little_is_refused(overrides, message, tmp_path):
     config = small_config("unused", tmp_path / "run", **overrides)
-    with pytest.raises(validation.TrainingError) as refused:
+    with pytest.raises(TrainingError) as refused:
         validation.validate_settings(config)
     assert message in str(refused.value)
 
@@ -104,7 +105,7 @@ def test_the_knobs_refuse_multi_turn_episodes(knob, tmp_path):
     config = guess_number_tiny.get_config()
     config.run_dir = str(tmp_path / "run")
     config.update(knob)
-    with pytest.raises(validation.TrainingError) as refused:
+    with pytest.raises(TrainingError) as refused:
         validation.validate_settings(config)
     assert "acts on single-turn rollouts" in str(refused.value)
 

@@ -7,9 +7,11 @@ import os
 import pytest
 
 from mathrl_jax.configs import default
+from mathrl_jax.errors import TrainingError
 from mathrl_jax.train import loop
 from mathrl_jax.train.rollouts import _problems as problems
 from mathrl_jax.train.setup import _build as build
+from mathrl_jax.train.setup import _inputs as inputs
 from mathrl_jax.train.setup import _sections as sections
 from mathrl_jax.train.setup import _validation as validation
 from mathrl_jax.train.warmstart import _warmstart as warmstart
@@ -59,7 +61,7 @@ from tests.train.loop_fixtures import model_dir, run_and_record, small_config  #
 )
 def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, model_dir, tmp_path):  # noqa: F811
     config = small_config(model_dir, tmp_path / "bad", **overrides)
-    with pytest.raises(validation.TrainingError, match=message):
+    with pytest.raises(TrainingError, match=message):
         validation.validate_config(config)
 
 
@@ -72,7 +74,7 @@ def test_bad_warmstart_and_control_settings_name_the_value(overrides, message, m
 )
 def test_the_teacher_needs_its_task(overrides, message, model_dir, tmp_path):  # noqa: F811
     config = small_config(model_dir, tmp_path / "bad", **{"warmstart.steps": 5, **overrides})
-    with pytest.raises(validation.TrainingError, match=message):
+    with pytest.raises(TrainingError, match=message):
         problems.check_warmstart_data(config)
     config.warmstart.targets = "answer"  # imitating the gold answers works on any data
     problems.check_warmstart_data(config)
@@ -91,13 +93,13 @@ def test_a_reused_warmstart_must_match_the_settings(model_dir, tmp_path):  # noq
     (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
     warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
     config.warmstart.slip_rate = 0.5
-    with pytest.raises(validation.TrainingError, match="slip_rate: 0.7 -> 0.5"):
+    with pytest.raises(TrainingError, match="slip_rate: 0.7 -> 0.5"):
         warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
 
 
 def test_a_control_never_resumes_the_real_run(model_dir, tmp_path):  # noqa: F811
     run_and_record(small_config(model_dir, tmp_path / "run", num_iterations=1))
-    with pytest.raises(validation.TrainingError, match="shuffle_rewards: False -> True"):
+    with pytest.raises(TrainingError, match="shuffle_rewards: False -> True"):
         build.build_run(small_config(model_dir, tmp_path / "run", num_iterations=2, shuffle_rewards=True))
 
 
@@ -120,7 +122,7 @@ def test_a_prm_that_cannot_serve_stops_the_run_before_anything_is_written(case, 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("a user's file")
-    with pytest.raises(validation.TrainingError, match=expected):
+    with pytest.raises(TrainingError, match=expected):
         build.build_run(small_config(model_dir, run_dir, **overrides))
     assert sorted(os.listdir(run_dir)) == ["notes.txt"]
 
@@ -130,18 +132,19 @@ def test_a_too_long_prompt_leaves_the_run_directory_as_it_was(own_model, model_d
     config = small_config(model_dir, tmp_path / "run", max_prompt_length=3)  # "12+34=" is 6 tokens
     if not own_model:  # the tiny offline model, written into the run directory first
         config.model_name_or_path = ""
-    with pytest.raises(validation.TrainingError, match="max_prompt_length=3"):
+    with pytest.raises(TrainingError, match="max_prompt_length=3"):
         build.build_run(config)
     assert not os.path.exists(tmp_path / "run")
 
 
 def test_out_of_memory_names_the_options_that_size_the_batch(model_dir, tmp_path):  # noqa: F811
     config = small_config(model_dir, tmp_path / "oom", micro_batch_size=4)
-    with pytest.raises(validation.TrainingError, match=r"micro_batch_size \(now 4.*max_new_tokens \(4\)"):
-        with loop.out_of_memory_hint(sections.run_settings(config), 32):
+    run, batch = sections.run_settings(config), sections.batch_settings(config, sections.update_config(config))
+    with pytest.raises(TrainingError, match=r"micro_batch_size \(now 4.*max_new_tokens \(4\)"):
+        with loop.out_of_memory_hint(run, batch, 32):
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 39939927136 bytes.")
     with pytest.raises(ValueError, match="unrelated"):  # any other error passes through unchanged
-        with loop.out_of_memory_hint(sections.run_settings(config), 32):
+        with loop.out_of_memory_hint(run, batch, 32):
             raise ValueError("unrelated")
 
 
@@ -181,13 +184,13 @@ def test_the_arithmetic_process_verifier_needs_its_task_and_step_split():
     config = default.get_config()
     config.algorithm_name, config.reward_source = "appo", "prm"
     config.prm_model_name_or_path = "arithmetic_steps"
-    with pytest.raises(validation.TrainingError, match="step_separator=','"):
+    with pytest.raises(TrainingError, match="step_separator=','"):
         validation.validate_settings(config)
     config.step_separator = ","
     validation.validate_settings(config)
-    assert type(build.load_prm(config)).__name__ == "ArithmeticStepVerifier"
+    assert type(inputs.load_prm(config)).__name__ == "ArithmeticStepVerifier"
     config.arithmetic.levels = (1, 2)
-    with pytest.raises(validation.TrainingError, match="levels"):
+    with pytest.raises(TrainingError, match="levels"):
         validation.validate_settings(config)
 
 
@@ -216,7 +219,7 @@ def test_the_arithmetic_process_verifier_needs_its_task_and_step_split():
 )
 def test_bad_column_chain_settings_name_the_value(overrides, message, model_dir, tmp_path):  # noqa: F811
     config = small_config(model_dir, tmp_path / "bad", **overrides)
-    with pytest.raises(validation.TrainingError, match=message):
+    with pytest.raises(TrainingError, match=message):
         validation.validate_settings(config)
 
 
@@ -249,7 +252,7 @@ def test_the_column_chain_warmstart_records_its_length(model_dir, tmp_path):  # 
 
     (directory / warmstart.WARMSTART_RECORD).write_text(json.dumps(record))
     config.arithmetic.digits = 5
-    with pytest.raises(validation.TrainingError, match="task"):
+    with pytest.raises(TrainingError, match="task"):
         warmstart.check_reused_warmstart(sections.warmstart_settings(config), str(directory))
 
 

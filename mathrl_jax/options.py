@@ -13,8 +13,9 @@ ml_collections' (`--config.key=value`), which already refuses a value of another
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import ml_collections
 
@@ -32,8 +33,10 @@ class Option:
     """One option: `key` (dotted for a section's: "lora.rank"), its default, and what is known of it.
 
     `meaning` is its --help line ("" = its section's); `value_type` is needed where the default is None (the
-    value ml_collections then accepts); `low` / `high` bound a number, `low_open` excludes `low` itself; `resume`
-    is one of RESUME_POLICIES; `group` is the --help heading (set by `group`)."""
+    value ml_collections then accepts); `low` / `high` bound a number, `low_open` excludes `low` itself;
+    `choices` are the values it takes: a tuple, or "module:NAME" for a tuple the library defines (read when
+    checked, so the table imports nothing); `case_free`: any case is taken, and lower-cased (OpenR writes `APPO`);
+    `resume` is one of RESUME_POLICIES; `group` is the --help heading (set by `group`)."""
 
     key: str
     default: Any
@@ -42,6 +45,8 @@ class Option:
     low: Optional[float] = None
     high: Optional[float] = None
     low_open: bool = False
+    choices: Union[Tuple[Any, ...], str, None] = None
+    case_free: bool = False
     resume: str = FIXED
     group: str = ""
 
@@ -52,6 +57,8 @@ class Option:
             raise ValueError(f"option {self.key}: a None default needs its value_type")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise ValueError(f"option {self.key}: low={self.low} > high={self.high}")
+        if isinstance(self.choices, str) and ":" not in self.choices:
+            raise ValueError(f"option {self.key}: choices={self.choices!r}, expected a tuple or 'module:NAME'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +108,22 @@ def range_error(option: Option, value: Any) -> Optional[str]:
     if value > high or value < low or (value == low and option.low_open):
         return f"{option.key}={value} is out of range: must be in {'(' if option.low_open else '['}{low}, {high}]"
     return None
+
+
+def choices_of(option: Option) -> Optional[Tuple[Any, ...]]:
+    """The values `option` takes (its "module:NAME" read now), or None for any value of its type."""
+    if not isinstance(option.choices, str):
+        return option.choices
+    module, name = option.choices.split(":")
+    return tuple(getattr(importlib.import_module(module), name))
+
+
+def choice_error(option: Option, value: Any) -> Optional[str]:
+    """Why `value` is not one of `option`'s choices (one line naming the key), or None."""
+    choices = choices_of(option)
+    if choices is None or value in choices:
+        return None
+    return f"unknown {option.key} {value!r}; expected one of {', '.join(repr(c) for c in choices)}"
 
 
 def resume_may_change(table: Sequence) -> tuple[str, ...]:

@@ -1,0 +1,827 @@
+"""The GPU report: what one lent GPU measures of mathrl_jax in one run, each step under its own time budget.
+
+Steps, in order (`--only` picks some; each runs in a process of its own, see below):
+
+1. `matmul`: the card's measured bfloat16 matmul rate, an n x n by n x n `jnp.dot` (2 n^3 FLOPs), jitted, timed
+   over a run of calls after a warm-up; the best of three runs, in TFLOP/s. It is the denominator of the MFU: what
+   this card, this JAX and this XLA reach on the op the model is made of, not the datasheet's peak.
+2. `update`: the library's jitted update (`train.update.make_update_fn`, the trainer's AdamW with clipping) on a
+   GRPO batch at the Qwen2.5-1.5B shape (random weights of the real architecture: vocabulary 151,936, hidden
+   1536, 28 layers, tied embeddings; float32 master params, bfloat16 compute, remat on): compile time, seconds per
+   step, and model FLOPs = 6 x parameters x tokens (forward 2 N T + backward 4 N T; attention's own FLOPs and
+   remat's recomputed forward are not counted, as MFU conventionally does not), as TFLOP/s and as MFU: that rate
+   over the `matmul` step's. It says how far the update is from the card's matmul speed.
+3. `sampler`: `JaxSampler` tokens/s at batch 64 and 256 (256-token prompts, 512 new tokens, temperature 1, no
+   end-of-sequence stop) at the 1.5B shape in bfloat16, against transformers `generate` (torch, the same random
+   weights exported with `models.hf.export_checkpoint`) on the same GPU, measured in the same run.
+4. `sync`: the JAX-to-torch weight hand-over of the vLLM sync (`sampling.vllm.torch_weights`: JAX params
+   to torch tensors through DLPack; vLLM itself is not needed) at the 1.5B shape, for float32 master params cast
+   to a bfloat16 engine (the trainer's sync) and for bfloat16 params: seconds per sync, and the extra device
+   copies: the tensors whose torch view does not share memory with their parameter's JAX buffer (a transpose of a
+   linear kernel, a cast), compared by address (`data_ptr` against `unsafe_buffer_pointer`), with their bytes.
+5. `grpo`: one GRPO iteration of the training loop (`train.setup.build_run`, `train.loop.train_iteration`) at
+   the Qwen2.5-0.5B shape (a random-weight checkpoint written with `models.write_tiny_checkpoint`, its character
+   tokenizer; float32 params, bfloat16 compute, remat): 32 arithmetic prompts x 8 samples of 512 new tokens, 4
+   minibatches, the math verifier, and the loop's own split of the iteration (`perf/*`: generate, of which grade,
+   log-prob passes, update, weight sync), first iteration (compiling) and the median after it. Random weights
+   earn no reward, so every advantage is 0: `skip_zero_advantage=False` makes the update compute every row, as
+   it does when rewards differ. Needs the loop's pure-Python packages (docs/gpu.md says how to carry them).
+
+Each step runs as a child process (`--child STEP`) under its budget (`--budget-s`, else the profile's per step,
+and never past `--total-budget-s` from the start): a step that raises, or runs over and is killed with its process
+group, is recorded as failed with its error, and the next step runs. A child writes what it has measured to
+`OUT/current_step.json` as it goes, so a killed step keeps its partial numbers; the report `OUT/bench_gpu.json` is
+rewritten after every step (`"complete": false` and the step running until the end), so a run killed from outside
+still leaves its results. At the end: `OUT/bench_gpu.json`, the table in `OUT/bench_gpu.md` and on stdout, each
+step's output, one after the other, in `OUT/bench_gpu.log` (three files: the device tool brings back at most 8).
+Exit status 0 when every step ran, 1 when one failed. Without `--smoke`, a step on a JAX that sees no GPU fails at
+once, saying so.
+
+XLA settings, set here before JAX is imported (the children inherit them; values already in the environment win)
+and printed: `XLA_PYTHON_CLIENT_PREALLOCATE=false` (JAX takes GPU memory as it needs it rather than 75% at start,
+so torch's generate and the DLPack views have room beside it) and `XLA_PYTHON_CLIENT_MEM_FRACTION=0.75` (the most
+JAX's allocator may hold; the largest step, the 1.5B update, needs about half of an 80 GB card).
+
+    python scripts/bench_gpu.py --out $OUT                 # on the lent GPU: one command, about 6-9 minutes
+    python scripts/bench_gpu.py --smoke --out /tmp/bg      # CPU, tiny shapes, short lengths: well under a minute
+    python scripts/bench_gpu.py --only matmul,update       # some steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+# Set before jax is first imported (in the steps' processes, which inherit them); values already set win.
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_gpu.py")
+"""This benchmark's command line, which its child processes run."""
+
+XLA_SETTINGS = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.75"}
+for _key, _value in XLA_SETTINGS.items():
+    os.environ.setdefault(_key, _value)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks.grpo import SPLIT  # noqa: E402  (the loop's perf/* parts of an iteration)
+from benchmarks.shapes import SHAPES  # noqa: E402
+
+# The model-name table (MaxText-style): a name's architecture fields over `models.tiny_config` ("tiny" is the
+# offline model itself). The Qwen shapes are bench_sampler.py's, so the two reports time the same models:
+#   qwen2.5-0.5b: vocab 151936, hidden 896, intermediate 4864, 24 layers, 14 heads / 2 KV heads, tied
+#   qwen2.5-1.5b: vocab 151936, hidden 1536, intermediate 8960, 28 layers, 12 heads / 2 KV heads, tied
+MODELS = {name: SHAPES[name] for name in ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")}
+
+# What each step runs on: the GPU report, and the smoke run (CPU, tiny shapes, short lengths) the tests use.
+PROFILES = {
+    "gpu": dict(
+        matmul_size=8192,
+        matmul_calls=50,
+        update_model="qwen2.5-1.5b",
+        update_rows=8,
+        update_prompt=256,
+        update_length=1024,
+        update_steps=5,
+        attention_model="qwen2.5-1.5b",
+        attention_rows=8,
+        attention_length=4096,
+        attention_implementations=("blocked", "xla", "cudnn"),
+        sampler_model="qwen2.5-1.5b",
+        sampler_batches=(64, 256),
+        sampler_prompt=256,
+        sampler_new_tokens=512,
+        sampler_repeats=1,
+        sync_model="qwen2.5-1.5b",
+        sync_repeats=3,
+        grpo_model="qwen2.5-0.5b",
+        grpo_prompts=32,
+        grpo_samples=8,
+        grpo_new_tokens=512,
+        grpo_minibatches=4,
+        grpo_iterations=3,  # the first compiles
+        # measured on an H100 (2026-11-26): matmul 4 s, update 65, attention 58-62 (three compiles), sampler 159,
+        # sync 18, grpo 114: 420 s in all
+        budget_s=dict(matmul=60, update=150, attention=100, sampler=220, sync=60, grpo=200),
+        total_budget_s=540,  # under the device tool's 600 s a command
+    ),
+    "smoke": dict(
+        matmul_size=256,
+        matmul_calls=5,
+        update_model="tiny",
+        update_rows=4,
+        update_prompt=8,
+        update_length=32,
+        update_steps=2,
+        attention_model="tiny",
+        attention_rows=2,
+        attention_length=64,
+        attention_implementations=("blocked", "xla"),
+        sampler_model="tiny",
+        sampler_batches=(2, 4),
+        sampler_prompt=8,
+        sampler_new_tokens=8,
+        sampler_repeats=1,
+        sync_model="tiny",
+        sync_repeats=1,
+        grpo_model="tiny",
+        grpo_prompts=2,
+        grpo_samples=2,
+        grpo_new_tokens=4,
+        grpo_minibatches=1,
+        grpo_iterations=2,
+        budget_s=dict(matmul=60, update=120, attention=60, sampler=120, sync=60, grpo=120),
+        total_budget_s=400,
+    ),
+}
+# models.attention.ATTENTION_IMPLEMENTATIONS, spelled out: the parent process must not import JAX (the XLA settings
+# are set first); tests/scripts/test_bench_gpu.py checks the two agree.
+ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
+STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")
+MIN_STEP_S = 10  # a step with less of the total budget left is not started
+STEP_FILE = "current_step.json"  # the running step's numbers so far (merged into the report when it ends)
+
+
+# ---------------------------------------------------------------------------
+# The steps (each runs in its own process; `record(**values)` saves what it has measured so far)
+# ---------------------------------------------------------------------------
+
+
+def device_info() -> dict:
+    import jax
+
+    device = jax.devices()[0]
+    return {"backend": jax.default_backend(), "device": device.device_kind, "jax": jax.__version__}
+
+
+def peak_memory_bytes():
+    """The JAX device's peak bytes in use since the process started (None where the backend does not say)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def torch_device() -> str:
+    """torch on the GPU where JAX is on one, else the CPU (the smoke run)."""
+    import jax
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def step_matmul(p, record):
+    """The bf16 matmul rate: 3 runs of `matmul_calls` back-to-back n x n jnp.dot calls after a warm-up (the calls
+    queue on the device; a run ends when its last result is ready), 2 n^3 FLOPs each; the best run counts."""
+    import jax
+    import jax.numpy as jnp
+
+    n, calls = p["matmul_size"], p["matmul_calls"]
+    record(**device_info(), size=n, dtype="bfloat16")
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in range(2))
+    matmul = jax.jit(jnp.dot)
+    matmul(a, b).block_until_ready()
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            c = matmul(a, b)
+        c.block_until_ready()
+        seconds.append((time.perf_counter() - start) / calls)
+    record(seconds_per_matmul=seconds, tflops=2 * n**3 / min(seconds) / 1e12)
+
+
+def grpo_batch(rows: int, prompt: int, length: int, vocab: int, seed: int = 0) -> dict:
+    """A GRPO batch `[rows, length]` with every token real: `prompt` prompt tokens, then the response; 0/1 rewards
+    (each group mixed) turned into group-relative advantages over groups of up to 8 rows, old log-probs near -2."""
+    import numpy as np
+
+    from mathrl_jax import losses
+
+    rng = np.random.default_rng(seed)
+    group = min(rows, 8)
+    response = np.zeros((rows, length), np.float32)
+    response[:, prompt:] = 1.0
+    scores = rng.integers(0, 2, rows).astype(np.float32)
+    scores[::group], scores[1::group] = 1.0, 0.0
+    advantages = losses.group_relative_advantages(scores, np.arange(rows) // group, num_groups=rows // group)
+    return {
+        "input_ids": rng.integers(3, vocab, (rows, length)).astype(np.int32),
+        "attention_mask": np.ones((rows, length), np.int32),
+        "response_mask": response,
+        "old_logprobs": (-2.0 + 0.1 * rng.standard_normal((rows, length))).astype(np.float32) * response,
+        "advantages": np.asarray(advantages)[:, None] * response,
+    }
+
+
+def step_update(p, record):
+    """The jitted GRPO update at `update_model`: compile (lowered and compiled once, XLA's memory analysis kept),
+    then `update_steps` chained calls (the state is donated, as in training), median seconds per step."""
+    import jax
+    from flax import nnx
+
+    from mathrl_jax.models import QwenForCausalLM, tiny_config
+    from mathrl_jax.train.state import create_train_state, make_optimizer
+    from mathrl_jax.train.update import UpdateConfig, make_update_fn
+
+    name, rows, length = p["update_model"], p["update_rows"], p["update_length"]
+    config = tiny_config(
+        **MODELS[name],
+        param_dtype="float32",
+        dtype="bfloat16",
+        remat=True,
+        attention=p["attention"],
+        scan_layers=p["scan_layers"],
+    )
+    graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    tokens = rows * length
+    attention = 12 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * length
+    record(
+        **device_info(),
+        model=name,
+        params=n_params,
+        rows=rows,
+        length=length,
+        tokens=tokens,
+        numerics="float32 params, bfloat16 compute, remat",
+        attention=p["attention"],
+        scan_layers=p["scan_layers"],
+        flops_per_step=6 * n_params * tokens,
+        flops_formula="6 x params x tokens (attention and remat's recomputation not counted)",
+        attention_flops_not_counted=attention * tokens,
+    )
+    optimizer = make_optimizer(1e-6)
+    state = create_train_state(params, optimizer, seed=0)
+    batch = jax.device_put(grpo_batch(rows, p["update_prompt"], length, config.vocab_size))
+    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batch=1), donate=True)
+    start = time.perf_counter()
+    compiled = update.lower(state, batch).compile()
+    memory = compiled.memory_analysis()
+    record(compile_seconds=time.perf_counter() - start, xla_temp_bytes=getattr(memory, "temp_size_in_bytes", None))
+    start = time.perf_counter()
+    state, metrics = jax.block_until_ready(compiled(state, batch))
+    record(first_step_seconds=time.perf_counter() - start)
+    seconds = []
+    for _ in range(p["update_steps"]):
+        start = time.perf_counter()
+        state, metrics = jax.block_until_ready(compiled(state, batch))
+        seconds.append(time.perf_counter() - start)
+    step = statistics.median(seconds)
+    record(
+        seconds_per_step=seconds,
+        median_seconds=step,
+        tflops=6 * n_params * tokens / step / 1e12,
+        tokens_per_second=tokens / step,
+        loss=float(metrics["loss"]),
+        skipped_updates=int(state.skipped_updates),
+        peak_memory_bytes=peak_memory_bytes(),
+    )
+
+
+def step_sampler(p, record):
+    """JaxSampler against transformers `generate` on the same random bf16 weights, batch by batch: each side's
+    first call (JAX: compiling; torch: a 4-token warm-up), then `sampler_repeats` timed calls; tokens/s = tokens
+    made / seconds (neither side stops early)."""
+    import numpy as np
+    import torch
+    import transformers
+    from flax import nnx
+
+    from mathrl_jax.models import QwenForCausalLM, hf, tiny_config
+    from mathrl_jax.sampling import JaxSampler, SamplingParams
+
+    name, prompt, new = p["sampler_model"], p["sampler_prompt"], p["sampler_new_tokens"]
+    config = tiny_config(**MODELS[name], param_dtype="bfloat16", dtype="bfloat16")
+    model = QwenForCausalLM(config, rngs=nnx.Rngs(0))
+    device = torch_device()
+    directory = tempfile.mkdtemp(prefix="bench_gpu_sampler_")
+    try:
+        hf.export_checkpoint(nnx.state(model), config, directory)
+        # Loaded in the checkpoint's layout, then placed and cast: the same on transformers 4 and 5.
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+        torch_model = torch_model.to(device=device, dtype=torch.bfloat16).eval()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    record(
+        **device_info(),
+        model=name,
+        dtype="bfloat16",
+        prompt_tokens=prompt,
+        new_tokens=new,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        torch_device=device,
+        attention=getattr(torch_model.config, "_attn_implementation", None),
+    )
+    sampler = JaxSampler(model, pad_token_id=config.pad_token_id, eos_token_ids=())
+    params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def generate_torch(ids, tokens):
+        with torch.inference_mode():
+            out = torch_model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=config.pad_token_id,
+                eos_token_id=None,
+            )
+        sync()
+        return out.shape[0] * (out.shape[1] - ids.shape[1])
+
+    rng = np.random.default_rng(0)
+    results = {}
+    for batch in p["sampler_batches"]:
+        prompts = rng.integers(4, min(config.vocab_size, 5000), (batch, prompt))
+        start = time.perf_counter()
+        sampler.generate(prompts.tolist(), params)
+        first = time.perf_counter() - start
+        jax_rates = []
+        for _ in range(p["sampler_repeats"]):
+            start = time.perf_counter()
+            out = sampler.generate(prompts.tolist(), params)
+            jax_rates.append(sum(len(c) for c in out.completion_ids) / (time.perf_counter() - start))
+        ids = torch.as_tensor(prompts, device=device)
+        generate_torch(ids, 4)
+        torch_rates = []
+        for _ in range(p["sampler_repeats"]):
+            start = time.perf_counter()
+            made = generate_torch(ids, new)
+            torch_rates.append(made / (time.perf_counter() - start))
+        jax_tps, torch_tps = statistics.median(jax_rates), statistics.median(torch_rates)
+        results[str(batch)] = dict(
+            jax_first_call_seconds=first,
+            jax_tokens_per_second=jax_tps,
+            transformers_tokens_per_second=torch_tps,
+            ratio=jax_tps / torch_tps,
+        )
+        record(batches=results)
+    record(peak_memory_bytes=peak_memory_bytes())
+
+
+def step_sync(p, record):
+    """`torch_weights` (the vLLM sync's JAX-to-torch hand-over) at `sync_model`, to bfloat16 tensors, from float32
+    and from bfloat16 params (kernels transposed by JAX, or as torch views: `transpose_in_torch`): seconds of a whole
+    pass (the first, compiling the transposes and casts, apart), and which tensors are copies rather than views of
+    their parameter's buffer."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from mathrl_jax.models import QwenForCausalLM, hf, tiny_config
+    from mathrl_jax.sampling.vllm import torch_weights
+
+    name = p["sync_model"]
+    device = torch_device()
+    record(**device_info(), model=name, torch=torch.__version__, target_dtype="bfloat16")
+    cases = {}
+    for case, param_dtype, in_torch in (
+        ("float32 params -> bfloat16", "float32", False),
+        ("bfloat16 params", "bfloat16", False),
+        ("bfloat16 params, transposed in torch", "bfloat16", True),  # VllmSampler's default on a GPU
+    ):
+        config = tiny_config(**MODELS[name], param_dtype=param_dtype, dtype="bfloat16")
+        state = nnx.state(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
+        table = hf.parameter_table(config)
+        owner = {key: hf.get_path(state, spec.path).unsafe_buffer_pointer() for key, spec in table.items()}
+        marker = jnp.zeros(())
+        seconds = []
+        for _ in range(p["sync_repeats"] + 1):
+            start = time.perf_counter()
+            count = copies = copied_bytes = largest = 0
+            for key, tensor in torch_weights(state, config, dtype=jnp.bfloat16, transpose_in_torch=in_torch):
+                count += 1
+                if tensor.data_ptr() != owner[key]:
+                    nbytes = tensor.numel() * tensor.element_size()
+                    copies, copied_bytes, largest = copies + 1, copied_bytes + nbytes, max(largest, nbytes)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            jax.block_until_ready(marker + 1)  # after the transposes and casts queued before it
+            seconds.append(time.perf_counter() - start)
+        cases[case] = dict(
+            first_seconds=seconds[0],
+            seconds=seconds[1:],
+            median_seconds=statistics.median(seconds[1:]),
+            tensors=count,
+            copies=copies,
+            copied_bytes=copied_bytes,
+            largest_copy_bytes=largest,
+            param_bytes=sum(x.nbytes for x in jax.tree.leaves(state)),
+        )
+        record(cases=cases)
+        del state
+
+
+def step_grpo(p, record):
+    """GRPO iterations of the training loop at `grpo_model`, on a random-weight checkpoint: each iteration's
+    `perf/*` split as the loop measures it; the first compiles, the median is over the rest."""
+    from mathrl_jax.configs import default
+    from mathrl_jax.models import write_tiny_checkpoint
+    from mathrl_jax.train.loop import rollout_source, train_iteration
+    from mathrl_jax.train.setup import build_run
+
+    name = p["grpo_model"]
+    directory = tempfile.mkdtemp(prefix="bench_gpu_grpo_")
+    try:
+        model_dir = os.path.join(directory, "model")
+        write_tiny_checkpoint(model_dir, seed=0, **MODELS[name])
+        c = default.get_config()
+        c.run_dir = os.path.join(directory, "run")
+        c.model_name_or_path = model_dir
+        c.param_dtype, c.dtype, c.remat = "float32", "bfloat16", True
+        c.attention = p["attention"]
+        c.scan_layers = p["scan_layers"]
+        c.algorithm_name = "grpo"
+        c.n_rollout_threads = p["grpo_prompts"]
+        c.group_size = p["grpo_samples"]
+        c.max_new_tokens = p["grpo_new_tokens"]
+        c.num_mini_batch = p["grpo_minibatches"]
+        c.num_iterations = p["grpo_iterations"]
+        c.skip_zero_advantage = False  # random weights earn no reward: compute every row, as when rewards differ
+        c.warmstart.steps = 0
+        c.eval_interval = c.save_interval = c.num_logged_samples = 0
+        c.export_final = c.progress = False
+        record(
+            **device_info(),
+            model=name,
+            prompts=c.n_rollout_threads,
+            samples=c.group_size,
+            new_tokens=c.max_new_tokens,
+            minibatches=c.num_mini_batch,
+            numerics="float32 params, bfloat16 compute, remat",
+            attention=c.attention,
+            scan_layers=c.scan_layers,
+        )
+        run = build_run(c)
+        source = rollout_source(run)
+        state, host = run.state, run.host
+        iterations = []
+        try:  # the loop's own iteration, without train()'s evaluation, checkpoint and export around it
+            for i in range(1, c.num_iterations + 1):
+                state, host, m = train_iteration(state, host, i, source, run.batches, run.update, run.settings)
+                iterations.append({k: m[f"perf/{k}"] for k in ("step_time",) + SPLIT})
+                iterations[-1]["response_tokens"] = m["rollout/response_length"] * c.n_rollout_threads * c.group_size
+                record(iterations=iterations)
+        finally:
+            source.close()
+            run.checkpointer.close()
+            run.logger.close()
+            run.rollouts.grader.close()
+        steady = iterations[1:] or iterations
+        record(
+            first_iteration_seconds=iterations[0]["step_time"],
+            median={k: statistics.median(it[k] for it in steady) for k in ("step_time",) + SPLIT},
+            peak_memory_bytes=peak_memory_bytes(),
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def step_attention(p, record):
+    """The training passes' attention (`models.attention.full_attention`, config.attention) forward + backward at the
+    model's heads, `attention_rows` packed rows of `attention_length` tokens holding sequences of 512 (the
+    segment mask of packing), bfloat16, per implementation: "blocked" (the CPU default), "xla" and "cudnn" (the
+    fused kernel, the GPU default: whether it accepts this mask here, and its speed). A failing implementation
+    is recorded with its error; the others still run."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from mathrl_jax.models import attention, tiny_config
+
+    config = tiny_config(**MODELS[p["attention_model"]])
+    rows, length = p["attention_rows"], p["attention_length"]
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (rows, length, heads, dim), jnp.bfloat16)
+    k, v = (jax.random.normal(key, (rows, length, kv_heads, dim), jnp.bfloat16) for key in keys[1:])
+    segments = jnp.asarray(1 + np.arange(length) // min(512, length))[None].repeat(rows, 0)
+    positions = jnp.asarray(np.arange(length) % min(512, length))[None].repeat(rows, 0)
+    _, allowed = attention.full_sequence_attention(segments, positions=positions, segment_ids=segments)
+    record(**device_info(), model=p["attention_model"], rows=rows, length=length, heads=heads, kv_heads=kv_heads)
+    results = {}
+    for implementation in p["attention_implementations"]:
+        try:
+            loss = lambda q, k, v, i=implementation: jnp.sum(
+                attention.full_attention(q, k, v, allowed, i).astype(jnp.float32)
+            )  # noqa: E731
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            start = time.perf_counter()
+            jax.block_until_ready(grad(q, k, v))
+            first = time.perf_counter() - start
+            seconds = []
+            for _ in range(5):
+                start = time.perf_counter()
+                jax.block_until_ready(grad(q, k, v))
+                seconds.append(time.perf_counter() - start)
+            results[implementation] = dict(first_seconds=first, median_seconds=statistics.median(seconds))
+        except Exception as error:  # recorded: an implementation this device does not run
+            results[implementation] = dict(error=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        record(implementations=results)
+
+
+STEP_FUNCTIONS = {
+    "matmul": step_matmul,
+    "update": step_update,
+    "attention": step_attention,
+    "sampler": step_sampler,
+    "sync": step_sync,
+    "grpo": step_grpo,
+}
+
+
+# ---------------------------------------------------------------------------
+# A step's process, and the run of them
+# ---------------------------------------------------------------------------
+
+
+def write_json(path: str, value) -> None:
+    """Writes `value` as JSON, so a reader never sees half of it (`mathrl_jax.files`)."""
+    from mathrl_jax import files
+
+    files.write_json(path, value, indent=2)
+
+
+def run_child(name: str, args) -> int:
+    """The body of `--child NAME`: runs the step, saving its numbers to OUT/current_step.json as it goes; an error
+    is saved there too (type, message, traceback) and the exit status is 1."""
+    p = dict(PROFILES[args.profile], attention=args.attention, scan_layers=args.scan_layers)
+    path = os.path.join(args.out, STEP_FILE)
+    result = {}
+
+    def record(**values):
+        result.update(values)
+        write_json(path, result)
+
+    record(started=True)
+    try:
+        if name == args.hang_step:  # tests: a step that runs over its budget
+            time.sleep(p["budget_s"][name] + 600)
+        if name == args.fail_step:  # tests: a step that raises
+            raise RuntimeError(f"made to fail by --fail-step {name}")
+        if args.profile == "gpu":  # fail fast rather than run the 1.5B shapes on a CPU until the budget ends
+            import jax
+
+            if jax.default_backend() != "gpu":
+                raise RuntimeError(
+                    f"JAX's backend is {jax.default_backend()!r}, not a GPU (JAX_PLATFORMS="
+                    f"{os.environ.get('JAX_PLATFORMS', '')!r}; is JAX's CUDA build installed?): use --smoke on a CPU"
+                )
+        STEP_FUNCTIONS[name](p, record)
+    except Exception as error:
+        traceback.print_exc()
+        record(error=f"{type(error).__name__}: {error}"[:2000], traceback=traceback.format_exc()[-4000:])
+        return 1
+    return 0
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    """SIGKILL to a step's process group: the step and anything it started (the grader's workers)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def run_step(name: str, budget: float, args, child_flags, on_start) -> dict:
+    """Runs step `name` in a child process (its own process group, output appended to OUT/bench_gpu.log) for at most
+    `budget` seconds, calling `on_start(pid)` once it runs; returns its record: its numbers, status "ok" or
+    "failed", the error and the seconds."""
+    step_file = os.path.join(args.out, STEP_FILE)
+    if os.path.exists(step_file):
+        os.remove(step_file)
+    command = [
+        sys.executable,
+        SCRIPT,
+        "--child",
+        name,
+        "--out",
+        args.out,
+        *child_flags,
+    ]
+    start = time.perf_counter()
+    with open(os.path.join(args.out, "bench_gpu.log"), "a") as log:
+        log.write(f"\n===== {name} (budget {budget:.0f} s) =====\n")
+        log.flush()
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            on_start(child.pid)
+            code, error = child.wait(timeout=budget), None
+        except subprocess.TimeoutExpired:
+            kill_group(child)
+            code, error = None, f"ran over its budget of {budget:.0f} s (killed)"
+        except BaseException:  # the run itself stopped (SIGTERM, Ctrl-C): the step goes with it
+            kill_group(child)
+            raise
+    seconds = time.perf_counter() - start
+    try:
+        with open(step_file) as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        result = {}
+    if os.path.exists(step_file):  # from here on in the report
+        os.remove(step_file)
+    result.pop("started", None)
+    result.pop("traceback", None)  # in the log
+    if error is None and code != 0:
+        error = result.pop("error", None) or f"exited with status {code} (see bench_gpu.log)"
+    result.pop("error", None)
+    status = "ok" if error is None else "failed"
+    return {"status": status, "error": error, "seconds": seconds, "budget_s": budget, **result}
+
+
+def add_mfu(report: dict) -> None:
+    """The update's MFU: its model TFLOP/s over the matmul step's measured bf16 rate (both from this run)."""
+    update, matmul = report["steps"].get("update", {}), report["steps"].get("matmul", {})
+    if update.get("tflops") and matmul.get("tflops"):
+        update["mfu"] = update["tflops"] / matmul["tflops"]
+        update["mfu_against"] = f"the matmul step's measured {matmul['tflops']:.1f} TFLOP/s"
+
+
+def human_bytes(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes / 2**10:.1f} KiB"
+
+
+def summary(name: str, r: dict) -> str:
+    """One table cell of a step's numbers (what it measured before failing, for a failed one)."""
+    if name == "matmul" and "tflops" in r:
+        return f"{r['tflops']:.3g} TFLOP/s ({r['size']}^3 bf16, {min(r['seconds_per_matmul']) * 1e3:.2f} ms)"
+    if name == "update" and "median_seconds" in r:
+        mfu = f"MFU {100 * r['mfu']:.1f}%" if "mfu" in r else "no MFU (no matmul rate in this run)"
+        return (
+            f"{r['model']}, {r['rows']} x {r['length']} tokens: {r['median_seconds']:.3f} s/step, "
+            f"{r['tflops']:.3g} TFLOP/s (6 x {r['params'] / 1e9:.3g}B params x tokens), {mfu}; "
+            f"compile {r['compile_seconds']:.0f} s"
+        )
+    if name == "attention" and r.get("implementations"):
+        parts = [
+            f"{i}: " + (f"{x['median_seconds'] * 1e3:.1f} ms" if "median_seconds" in x else "failed")
+            for i, x in r["implementations"].items()
+        ]
+        return f"{r['model']} heads, {r['rows']} x {r['length']} packed, fwd+bwd bf16: " + ", ".join(parts)
+    if name == "sampler" and r.get("batches"):
+        parts = [
+            f"batch {b}: {x['jax_tokens_per_second']:.0f} vs {x['transformers_tokens_per_second']:.0f} tok/s "
+            f"({x['ratio']:.2f}x)"
+            for b, x in r["batches"].items()
+        ]
+        return f"{r['model']}, JaxSampler vs transformers: " + "; ".join(parts)
+    if name == "sync" and r.get("cases"):
+        parts = [
+            f"{case}: {x['median_seconds']:.3f} s, {x['copies']}/{x['tensors']} copies "
+            f"({human_bytes(x['copied_bytes'])})"
+            for case, x in r["cases"].items()
+        ]
+        return f"{r['model']}: " + "; ".join(parts)
+    if name == "grpo" and r.get("median"):
+        m = r["median"]
+        parts = ", ".join(f"{k[:-5]} {m[k]:.2f}" for k in SPLIT)
+        return (
+            f"{r['model']}, {r['prompts']} x {r['samples']}, {r['new_tokens']} new: {m['step_time']:.2f} s/iteration "
+            f"({parts}); first {r['first_iteration_seconds']:.1f} s"
+        )
+    return ""
+
+
+def table(report: dict) -> str:
+    lines = [
+        f"bench_gpu ({report['profile']}), {report['date']}, {report.get('device', '?')}",
+        "| step | status | seconds | result |",
+        "|---|---|---:|---|",
+    ]
+    for name, r in report["steps"].items():
+        result = summary(name, r)
+        if r["status"] != "ok":
+            result = (result + "; " if result else "") + f"error: {r['error']}"
+        lines.append(f"| {name} | {r['status']} | {r['seconds']:.1f} | {result} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_gpu"), help="the JSON, table and logs")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, short lengths, on the CPU")
+    parser.add_argument("--only", default="", help=f"comma-separated steps of {','.join(STEPS)}")
+    parser.add_argument("--budget-s", type=float, default=None, help="each step's budget (default: per step)")
+    parser.add_argument("--total-budget-s", type=float, default=None, help="the whole run's (default: the profile's)")
+    parser.add_argument(
+        "--attention", default="auto", choices=ATTENTION_IMPLEMENTATIONS, help="config.attention of update and grpo"
+    )
+    parser.add_argument(
+        "--scan-layers", action="store_true", help="config.scan_layers of update and grpo (one layer compiled)"
+    )
+    parser.add_argument("--fail-step", default="", choices=("",) + STEPS, help="tests: make this step raise")
+    parser.add_argument("--hang-step", default="", choices=("",) + STEPS, help="tests: make this step run over")
+    parser.add_argument("--child", default="", choices=("",) + STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default="", choices=("",) + tuple(PROFILES), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.out = os.path.abspath(args.out)
+    args.profile = args.profile or ("smoke" if args.smoke else "gpu")
+    steps = [s for s in args.only.split(",") if s] or list(STEPS)
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        parser.error(f"--only={args.only}: {unknown} not among the steps {','.join(STEPS)}")
+    args.steps = [s for s in STEPS if s in steps]
+    for flag in ("budget_s", "total_budget_s"):
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be > 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported, here or in a child
+    if args.child:
+        return run_child(args.child, args)
+    p = PROFILES[args.profile]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_gpu.log"), "w"):
+        pass
+    total = args.total_budget_s or p["total_budget_s"]
+    child_flags = ["--profile", args.profile, "--attention", args.attention] + ["--scan-layers"] * args.scan_layers
+    for flag in ("fail_step", "hang_step"):
+        if getattr(args, flag):
+            child_flags += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    settings = {k: os.environ[k] for k in (*XLA_SETTINGS, "XLA_FLAGS", "JAX_PLATFORMS") if k in os.environ}
+    print(
+        f"# bench_gpu: profile {args.profile}, steps {','.join(args.steps)}, total budget {total:.0f} s, out {args.out}"
+    )
+    print(
+        "XLA settings (set before jax is imported; the steps inherit them): "
+        + " ".join(f"{k}={v}" for k, v in settings.items()),
+        flush=True,
+    )
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "profile": args.profile,
+        "host": f"{platform.node()}, {os.cpu_count()} cores, python {platform.python_version()}",
+        "xla_settings": settings,
+        "models": {name: MODELS[name] for name in sorted({p[f"{s}_model"] for s in STEPS if f"{s}_model" in p})},
+        "complete": False,
+        "running": None,
+        "steps": {},
+    }
+    json_path = os.path.join(args.out, "bench_gpu.json")
+
+    def stop(signum, frame):  # a run stopped from outside: its step goes with it, the JSON stays
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    deadline = time.perf_counter() + total
+    try:
+        for i, name in enumerate(args.steps, 1):
+            left = deadline - time.perf_counter()
+            budget = min(args.budget_s or p["budget_s"][name], left)
+            if left < MIN_STEP_S:
+                error = f"not started: {left:.0f} s left of the total budget of {total:.0f} s"
+                report["steps"][name] = {"status": "failed", "error": error, "seconds": 0.0, "budget_s": 0.0}
+            else:
+                print(f"[{i}/{len(args.steps)}] {name}: started, budget {budget:.0f} s", flush=True)
+
+                def started(pid, name=name):  # the JSON names the running step (and its process group)
+                    report["running"] = {"step": name, "pid": pid}
+                    write_json(json_path, report)
+
+                report["steps"][name] = run_step(name, budget, args, child_flags, started)
+                report["running"] = None
+            r = report["steps"][name]
+            report["device"] = report.get("device") or r.get("device")
+            if name == "update":
+                add_mfu(report)
+            write_json(json_path, report)
+            line = f"[{i}/{len(args.steps)}] {name}: {r['status']} in {r['seconds']:.1f} s"
+            print(line + (f": {r['error']}" if r["error"] else f": {summary(name, r)}"), flush=True)
+        report["complete"] = True
+    finally:
+        write_json(json_path, report)
+    text = table(report)
+    with open(os.path.join(args.out, "bench_gpu.md"), "w") as f:
+        f.write(text + "\n")
+    print("\n" + text)
+    print(f"\nwrote {json_path} and bench_gpu.md")
+    return 0 if all(r["status"] == "ok" for r in report["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
