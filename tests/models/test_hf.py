@@ -124,7 +124,7 @@ def _rewrite_tensors(directory, edit):
     tensors = {name: np.array(file.get(name)) for name in file.keys()}
     del file
     edit(tensors)
-    safetensors_io._write_safetensors(path, tensors)
+    safetensors_io.write_safetensors(path, tensors)
 
 
 def test_missing_tensor_is_named(checkpoint_copy):

@@ -9,16 +9,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 
-from mathrl_jax.train import build  # noqa: E402  (imports start no JAX backend)
+from mathrl_jax.train.setup import _inputs  # noqa: E402  (imports start no JAX backend; the build's first phase)
 
 if os.environ.get("JAX_PROCESS_ID") == "1":
-    read = build.load_data
+    read = _inputs.load_data
 
     def late(config):
         time.sleep(2)
         return read(config)
 
-    build.load_data = late
+    _inputs.load_data = late
 
 sys.argv = [TRAIN, *sys.argv[1:]]
 runpy.run_path(TRAIN, run_name="__main__")
