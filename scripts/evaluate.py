@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-progress", action="store_true", help="no progress bar on stderr")
     add(
         "--compilation-cache-dir",
+        "--compilation_cache_dir",  # the key's spelling, as before
         default="auto",
         help="JAX's persistent compilation cache ('auto': under ~/.cache/mathrl_jax; '': off)",
     )

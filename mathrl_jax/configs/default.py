@@ -488,7 +488,7 @@ OPTIONS = (
         Option(
             "log_interval",
             1,
-            "--- logging / eval / checkpoints -------------------------------------------------------",
+            "log an iteration's metrics every this many iterations (evaluations are always logged)",
             resume=MAY_CHANGE,
             low=1,
         ),

@@ -14,6 +14,7 @@ checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError`, wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -88,7 +89,7 @@ def _env_rollouts(run: Run) -> EnvRollouts:
 
 
 ROLLOUT_SOURCES = {"sync": _sync_rollouts, "async": _async_rollouts, "env": _env_rollouts}
-"""Where an iteration's rollouts come from (`Run.source_kind`; the protocol: `collect.SyncRollouts`): made when
+"""Where an iteration's rollouts come from (`Run.source_kind`; the protocol: `rollouts.SyncRollouts`): made when
 asked with the current weights; by a generator thread running ahead (`async_ppo`); or by multi-turn episodes
 (`env_name`)."""
 
@@ -263,7 +264,7 @@ def run_eval(run: Run, iteration: int, *, sampled: bool = False) -> Dict[str, fl
     """Greedy held-out accuracy; with `sampled`, also pass@k from `eval_n_samples` samples at the RL
     temperature (pass@1 is the sampled accuracy); the same on the harder split (`arithmetic.eval_digits`,
     `countdown.eval_count`) as `eval_hard/*`, if the run has one. Writes `run_dir/samples/` (`write_samples`: the
-    first held-out set's). A multi-turn run plays its held-out games greedily instead (`multiturn.evaluate_games`:
+    first held-out set's). A multi-turn run plays its held-out games greedily instead (`rollouts.evaluate_games`:
     the success rate as `eval/accuracy`)."""
     r = run.rollouts
     if run.game is not None:
@@ -325,8 +326,11 @@ def train(
     """
     run = build_run(config, reward_fn, reward_functions)
     settings = run.settings
+    source = rollout_source(run)  # an asynchronous one starts from run.state's params
     state, host = run.state, run.host  # carried by the loop: each iteration returns the next
-    source = rollout_source(run)
+    # The loop's Run without the starting state, which an update that does not donate its input (async_ppo, stale
+    # rollouts) would otherwise keep alive for the whole run beside the current one.
+    run = dataclasses.replace(run, state=None)
     summary: Dict[str, Any] = {
         "warmstart": run.warmstart_metrics,
         "eval": [],

@@ -166,10 +166,16 @@ def host_score_advantages(
     """`compute_advantages` of an algorithm whose advantages come from the scores alone, on the host: the same
     program on JAX's CPU backend, from host arrays, returned as NumPy arrays. The batch then carries them to the
     device with its other arrays, and the host plans the update from them where they are (no round trip). On a
-    CPU the result is the device's bit for bit (the same program on the same backend)."""
+    CPU the result is the device's bit for bit (the same program on the same backend); on an accelerator it is
+    XLA:CPU's float32 arithmetic. Where JAX runs without its CPU backend (`JAX_PLATFORMS=cuda`), the default
+    device computes them and they are fetched (the round trip this saves elsewhere)."""
     if not from_scores(algorithm):
         raise ValueError(f"algorithm {algorithm!r} needs critic values, which are the device's")
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+    try:
+        host = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # the CPU backend is not initialized (JAX_PLATFORMS names others only)
+        host = jax.local_devices()[0]
+    with jax.default_device(host):
         out = compute_advantages(
             algorithm,
             {"response_mask": response_mask},

@@ -42,7 +42,7 @@ class BatchSettings:
     algorithm: the record whose estimator makes the advantages (`algorithms.ALGORITHMS`).
     max_length: the widest row, `max_prompt_length + max_new_tokens`.
     whiten: standardise a critic's advantages over the batch's tokens (`advantage_whitening="batch"`).
-    old_logprobs_from_sampler: PPO's old log-probs are the sampler's (`sections.old_logprobs_from_sampler`), not
+    old_logprobs_from_sampler: PPO's old log-probs are the sampler's (the build's `old_logprobs` rule), not
       recomputed.
     step_separator: where a completion's reasoning steps end (the actions of `Algorithm.actions`, the PRM's steps).
     pack_length: tokens per packed row of the passes and the update; None trains on padded rows.

@@ -30,7 +30,7 @@ Guarantees:
   the target's sharding, which may be another mesh shape than the one saved.
 - Verified: Orbax checks no data it reads back (OCDBT and zarr keep no checksum of the
   array data; a flipped byte in a data file restores as other numbers), so `save` stores
-  a 64-bit checksum of every leaf (`train.checksums`, computed where the array lives, the same for
+  a 64-bit checksum of every leaf (`_checksums`, computed where the array lives, the same for
   any sharding) and `restore` compares each restored leaf with it. A step that fails is
   refused; restoring the latest step falls back to the newest intact one, with a warning
   naming both; the refused steps are removed at the next `save`; rotation (`max_to_keep`)

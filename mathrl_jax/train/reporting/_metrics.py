@@ -14,7 +14,7 @@ main process only (`mathrl_jax.sharding.distributed.is_main_process`):
   as one uninterrupted run; without it, records are appended, and a step logged
   twice reads as its later line.
 
-Metric names are free strings; `metric_names.METRIC_NAMES` lists every name the training loop
+Metric names are free strings; `_names.METRIC_NAMES` lists every name the training loop
 logs (`mathrl_jax.train.loop`), named as in the reference systems (verl, OpenR,
 AReaL) where they have one. A name with a `{k}` stands for a family
 (`eval/pass@{k}`: `eval/pass@1`, `eval/pass@8`, ...); `documented_name` maps a
@@ -106,7 +106,7 @@ class MetricsLogger:
       logdir: the run directory (created).
       tensorboard: write tensorboardX event files.
       jsonl: append to `<logdir>/metrics.jsonl`.
-      wandb: None, or the `wandb_writer.WandbWriter` settings (`project`, `mode`, `recorded`): log the same
+      wandb: None, or the `_wandb.WandbWriter` settings (`project`, `mode`, `recorded`): log the same
         values to a wandb run too (offline by default).
       main_process: whether this process writes; default `is_main_process()`. On
         the other processes `log` and `close` do nothing.

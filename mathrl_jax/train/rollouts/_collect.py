@@ -24,7 +24,7 @@ class RolloutSettings:
 
     prompts_per_iteration: prompts drawn each iteration (`n_rollout_threads`; environments, multi-turn).
     sampling: each prompt's `SamplingParams` (`n` = the group size), its seed drawn per iteration from `seed`.
-    prompts: the prompt template and length limit (`problems.PromptSettings`).
+    prompts: the prompt template and length limit (`_problems.PromptSettings`).
     grade: the verifier scores the responses (not with reward functions alone).
     step_separator: where a completion's reasoning steps end (the PRM's steps).
     episode_length: turns per episode (multi-turn environments).
@@ -187,7 +187,7 @@ class Collected:
 class SyncRollouts:
     """Rollouts made when asked, with the current weights: the synchronous loop.
 
-    A rollout source (this, `multiturn.EnvRollouts`, `async_loop.AsyncRollouts`)
+    A rollout source (this, `_multiturn.EnvRollouts`, `_async.AsyncRollouts`)
     makes each iteration's graded batch (`get`), hears of every update (`updated`),
     names the batches it made ahead of the learner for a checkpoint (`pending`) and
     lends the sampler, holding the current weights, to the evaluation (`current_weights`).

@@ -61,13 +61,13 @@ def _model_dir(config, run_dir: str) -> str:
 
 
 def report_to(config) -> Tuple[str, ...]:
-    """The metric sinks `config.report_to` names ("none": the JSONL file alone), checked by `validation`."""
+    """The metric sinks `config.report_to` names ("none": the JSONL file alone), checked by `_validation`."""
     names = report_sinks(config.report_to)
     return () if names == ("none",) else names
 
 
 def wandb_settings(config) -> Dict[str, Any]:
-    """`wandb_writer.WandbWriter`'s settings: the project, the mode and the run's whole config."""
+    """`reporting._wandb.WandbWriter`'s settings: the project, the mode and the run's whole config."""
     return dict(project=config.wandb_project, mode=config.wandb_mode, recorded=config.to_dict())
 
 
@@ -262,4 +262,5 @@ def _write_config(config, run_dir: str) -> None:
 
 PENDING_KEY = "pending_rollouts"
 SHAPES_KEY = "shape_floors"
-"""Checkpoint metadata: the batches an asynchronous generator had made ahead of the learner (`async_loop`)."""
+"""Checkpoint metadata: the batches an asynchronous generator made ahead of the learner (`rollouts.AsyncRollouts`),
+and the shapes the batches had grown to (`state.HostState.shape_floors`)."""

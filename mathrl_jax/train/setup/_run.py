@@ -1,4 +1,4 @@
-"""`Run`: everything one training run holds, built by `build.build_run`, and `RunSettings`, the loop's section."""
+"""`Run`: everything one training run holds, built by `setup.build_run`, and `RunSettings`, the loop's section."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Run:
 
     settings: RunSettings
     graphdef: Any
-    state: state_lib.TrainState
+    state: Optional[state_lib.TrainState]  # where the run starts; None in the loop's copy (it carries its own)
     rollouts: RolloutMaker  # the sampler, tokenizer, problems and rewards
     batches: BatchMaker  # the trainer's passes, the reference, the shapes the batches have grown to
     update: Callable

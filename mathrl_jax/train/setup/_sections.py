@@ -127,7 +127,7 @@ def old_logprobs_from_sampler(
 
 
 def runs_ahead(config) -> bool:
-    """Whether the rollouts come from the generator thread of `async_loop` (sampled up to
+    """Whether the rollouts come from the generator thread of `rollouts.AsyncRollouts` (sampled up to
     `max_head_offpolicyness` versions behind the learner): async_ppo always; any other single-turn algorithm at
     `max_head_offpolicyness` > 0, the stress knob that shows what staleness does to a loss without the decoupled
     correction."""

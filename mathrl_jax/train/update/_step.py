@@ -149,7 +149,7 @@ def _critic_objective(cfg: UpdateConfig, graphdef, params, mb, denominator, froz
 
 
 def _accumulate(objective: Callable, params, micro_batches, denominator, units, frozen=None):
-    """Sum over micro-batches of (loss, grads); metrics combined by `update_metrics.over_micro_batches` (the means
+    """Sum over micro-batches of (loss, grads); metrics combined by `_metrics.over_micro_batches` (the means
     over each micro-batch's `units`, `[A, micro, L]`: tokens, actions or value entries, weighted by its unit count,
     so a micro-batch of padding rows (multi-turn, DAPO-filtered) does not dilute them). The gradient is taken
     with respect to `params` alone; `frozen` (a LoRA run's base) enters the objective as its last argument.
@@ -248,7 +248,7 @@ def make_update_fn(
         mini = rows // cfg.num_mini_batch
         if given_order is None:
             key, order = minibatch_order(state.rng, rows, cfg.ppo_epoch, cfg.num_mini_batch)
-        else:  # the host drew it from this state's key (`minibatches.host_minibatch_order`); the key moves on alike
+        else:  # the host drew it from this state's key (`_minibatches.host_minibatch_order`); the key moves on alike
             key, order = jax.random.split(jax.random.wrap_key_data(state.rng))[0], given_order
             if order.shape != (cfg.ppo_epoch * cfg.num_mini_batch, mini):
                 raise ValueError(
