@@ -432,7 +432,13 @@ def test_group_advantages_sum_to_zero(name, seed, binary):
         members = (ids == g) & (seq_mask > 0)
         if members.sum() >= 2:
             checked += 1
-            assert abs(adv[members].sum()) <= 1e-5 * scale * members.sum(), (g, adv[members])
+            # float32's own error: the group mean is off by ~ulp(|score|), which GRPO then divides by the group's
+            # std (scores 0.02936 and 0.02938: std 1.2e-5, each advantage off by ~1e-4; hypothesis found it).
+            rounding = 4 * np.finfo(np.float32).eps * float(np.abs(scores[members]).max())
+            if name == "grpo":
+                rounding /= float(scores[members].astype(np.float64).std()) + 1e-6
+            bound = (1e-5 * scale + rounding) * members.sum()
+            assert abs(adv[members].sum()) <= bound, (g, adv[members])
     assume(checked > 0)
 
 
