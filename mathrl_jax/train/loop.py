@@ -8,7 +8,7 @@ One iteration (`train_iteration`: state and host state in, the next ones out):
       ─► update/: the jitted update ─► the source hears of the new weights ─► metrics
 
 `train(config)` builds the run (setup/: every input checked before anything is written), evaluates, iterates,
-checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError`, with a message naming the bad value.
+checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError` naming it.
 """
 
 from __future__ import annotations
@@ -213,9 +213,6 @@ def save(
     return run.checkpointer.save(iteration, state, metadata, force=force, arrays=arrays or None)
 
 
-FINAL_ADAPTER = "final_adapter"
-
-
 def export_final_model(run: Run, state: TrainState, final: str) -> None:
     """`final` (run_dir/final_model): the policy as a Hugging Face checkpoint, a LoRA run's adapters merged into
     its base; a LoRA run also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
@@ -232,9 +229,9 @@ def export_final_model(run: Run, state: TrainState, final: str) -> None:
         ),
     )
     if model_config.lora_rank:
-        adapter_dir = os.path.join(os.path.dirname(final), FINAL_ADAPTER)
+        adapter_dir = os.path.join(os.path.dirname(final), run_directory.FINAL_ADAPTER)
         distributed.on_main_process(
-            FINAL_ADAPTER,
+            run_directory.FINAL_ADAPTER,
             lambda: _write_export(
                 "the final adapters",
                 adapter_dir,
@@ -328,9 +325,7 @@ def train(
     settings = run.settings
     source = rollout_source(run)  # an asynchronous one starts from run.state's params
     state, host = run.state, run.host  # carried by the loop: each iteration returns the next
-    # The loop's Run without the starting state, which an update that does not donate its input (async_ppo, stale
-    # rollouts) would otherwise keep alive for the whole run beside the current one.
-    run = dataclasses.replace(run, state=None)
+    run = dataclasses.replace(run, state=None)  # else an update that does not donate (async) keeps it alive too
     summary: Dict[str, Any] = {
         "warmstart": run.warmstart_metrics,
         "eval": [],
@@ -386,7 +381,9 @@ def train(
         summary["final_iteration"] = total
         final = run_directory.path(settings.run_dir, run_directory.FINAL_MODEL)
         # Also when a finished run is rerun without its final_model (killed after the last checkpoint).
-        adapter_missing = run.lora_base is not None and not os.path.isdir(os.path.join(settings.run_dir, FINAL_ADAPTER))
+        adapter_missing = run.lora_base is not None and not os.path.isdir(
+            run_directory.path(settings.run_dir, run_directory.FINAL_ADAPTER)
+        )
         if settings.export_final and (total > run.start_iteration or not os.path.isdir(final) or adapter_missing):
             export_final_model(run, state, final)
     finally:

@@ -10,6 +10,7 @@
       wandb/             the wandb run, when report_to includes wandb
       samples/           held-out prompts with their completions, one file per evaluation
       final_model/       the final policy (Hugging Face format), with export_final
+      final_adapter/     a LoRA run's final adapters alone (PEFT's layout), beside final_model
 
 Every module that reads or writes one of these takes its name from here.
 """
@@ -27,6 +28,7 @@ METRICS = "metrics.jsonl"
 WANDB = "wandb"
 SAMPLES = "samples"
 FINAL_MODEL = "final_model"
+FINAL_ADAPTER = "final_adapter"
 
 
 def path(run_dir: str, name: str) -> str:
@@ -36,4 +38,15 @@ def path(run_dir: str, name: str) -> str:
     return os.path.join(run_dir, name)
 
 
-LAYOUT = (CONFIG, LOCK, INITIAL_MODEL, WARMSTART_MODEL, CHECKPOINTS, METRICS, WANDB, SAMPLES, FINAL_MODEL)
+LAYOUT = (
+    CONFIG,
+    LOCK,
+    INITIAL_MODEL,
+    WARMSTART_MODEL,
+    CHECKPOINTS,
+    METRICS,
+    WANDB,
+    SAMPLES,
+    FINAL_MODEL,
+    FINAL_ADAPTER,
+)

@@ -13,7 +13,7 @@ from flax import nnx
 from mathrl_jax.errors import TrainingError
 from mathrl_jax.models import hf, peft_adapters, write_tiny_checkpoint
 from mathrl_jax.models.safetensors_io import checkpoint_tensors
-from mathrl_jax.train import loop
+from mathrl_jax.train import loop, run_directory
 from mathrl_jax.train.checkpoint._checkpointer import Checkpointer
 from tests.train.loop_fixtures import (  # noqa: F401  (the fixture)
     model_dir,
@@ -59,7 +59,7 @@ def test_a_lora_run_trains_its_adapters_alone(model_dir, tmp_path):  # noqa: F81
         else:
             np.testing.assert_array_equal(base[name], final[name], err_msg=name)
     # The PEFT adapters on the base give the merged model's logits.
-    adapter_dir = str(tmp_path / "run" / loop.FINAL_ADAPTER)
+    adapter_dir = str(tmp_path / "run" / run_directory.FINAL_ADAPTER)
     assert peft_adapters.read_adapter_config(adapter_dir)["base_model_name_or_path"] == os.path.abspath(model_dir)
     adapted = hf.load_model(model_dir, lora_rank=4, lora_alpha=8.0, lora_targets="q_proj,v_proj,up_proj")
     graphdef, adapters, rest = nnx.split(adapted, nnx.LoRAParam, ...)
@@ -188,10 +188,10 @@ def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path)
 def test_a_finished_lora_run_without_its_adapters_exports_them_when_rerun(model_dir, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
     run_and_record(small_config(model_dir, run_dir, num_iterations=1, **LORA))
-    adapters = (run_dir / loop.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes()
-    shutil.rmtree(run_dir / loop.FINAL_ADAPTER)  # killed between the two exports
+    adapters = (run_dir / run_directory.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes()
+    shutil.rmtree(run_dir / run_directory.FINAL_ADAPTER)  # killed between the two exports
     run_and_record(small_config(model_dir, run_dir, num_iterations=1, **LORA))
-    assert (run_dir / loop.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes() == adapters
+    assert (run_dir / run_directory.FINAL_ADAPTER / "adapter_model.safetensors").read_bytes() == adapters
 
 
 @pytest.mark.parametrize("algorithm", ["appo", "async_ppo"])
