@@ -186,7 +186,7 @@ class CheckpointDirectory:
 
         Raises:
           CheckpointError: that save failed (a full disk, ...); one line naming its step, its directory and the
-            steps kept (`checkpoint_faults.save_failure`), raised again by every later call: Orbax's manager
+            steps kept (`_faults.save_failure`), raised again by every later call: Orbax's manager
             takes no save after a failed one.
         """
         if self._failed is not None:
