@@ -132,8 +132,11 @@ CASES = {
     "empty warm-start batch": (lambda t: ["--config.warmstart.batch_size=0"], "warmstart.batch_size=0"),
     "no grader workers": (lambda t: ["--config.reward.num_workers=0"], "reward.num_workers=0"),
     "negative LoRA rank": (lambda t: ["--config.lora.rank=-2"], "lora.rank=-2"),
-    "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "vllm.lora_sync='both'"),
-    "unknown JAX sampler LoRA sync": (lambda t: ["--config.jax_sampler.lora_sync=no"], "jax_sampler.lora_sync='no'"),
+    "unknown vLLM LoRA sync": (lambda t: ["--config.vllm.lora_sync=both"], "unknown vllm.lora_sync 'both'"),
+    "unknown JAX sampler LoRA sync": (
+        lambda t: ["--config.jax_sampler.lora_sync=no"],
+        "unknown jax_sampler.lora_sync 'no'",
+    ),
     "no vLLM workers": (
         lambda t: ["--config.sampler=vllm", "--config.vllm.tensor_parallel_size=0"],
         "vllm.tensor_parallel_size=0",
@@ -156,7 +159,7 @@ CASES = {
     ),
     "unknown weight transfer": (
         lambda t: ["--config.sampler=vllm", "--config.vllm.transfer=pigeon"],
-        "vllm.transfer='pigeon'",
+        "unknown vllm.transfer 'pigeon'",
     ),
     "no time for a server": (lambda t: ["--config.sampler=vllm", "--config.vllm.timeout_s=0"], "vllm.timeout_s=0"),
     "empty transfer chunks": (
