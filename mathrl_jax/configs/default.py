@@ -115,6 +115,17 @@ OPTIONS = (
         Option("lora.alpha", 16.0, low=0.0, low_open=True),
         Option("lora.targets", "q_proj,v_proj", resume=NEVER),
         Option("lora.share_critic_base", False, resume=NEVER),
+        Option(
+            "lora.dropout",
+            0.0,
+            (
+                "PEFT's lora_dropout: during the update, each adapter's input is dropped with this probability "
+                "(inverted dropout: the kept entries scaled by 1 / (1 - p)); never while sampling, evaluating or "
+                "merging. 0 = none."
+            ),
+            low=0.0,
+            high=0.95,
+        ),
     ),
     *group(
         "data",
@@ -130,6 +141,27 @@ OPTIONS = (
             ),
         ),
         Option("eval_dataset_split", "", resume=MAY_CHANGE),
+        Option(
+            "eval_holdout",
+            -1,
+            (
+                "With no eval_dataset_path (and no eval_dataset_split): how many problems of the training file are "
+                "held out for evaluation, drawn with the run's seed (the run says how many, and from where). -1 = "
+                "min(num_eval_problems, a tenth of the file); 0 = none (every problem trains; no held-out "
+                "evaluation); N = N problems."
+            ),
+            low=-1,
+        ),
+        Section(
+            "data",
+            (
+                "fields: a mapping from the layout's field names to your file's, comma-separated "
+                '"ROLE:FIELD" pairs ("question:problem,answer:gold"); ROLE is question, answer, solution, uid, '
+                'level or subject. Given, it defines the layout (dataset_name "auto" or "custom"). "" = the '
+                "layout's own fields."
+            ),
+        ),
+        Option("data.fields", ""),
         Section("arithmetic", ""),
         Option("arithmetic.levels", (2,)),
         Option("arithmetic.num_train", 8000, low=1),
@@ -250,6 +282,26 @@ OPTIONS = (
         Option("temperature", 1.0, low=0.0, low_open=True),
         Option("top_p", 1.0, low=0.0, low_open=True, high=1.0),
         Option("top_k", 0, low=-1),
+        Option(
+            "min_p",
+            0.0,
+            (
+                "vLLM's min_p: a token is kept only if its probability is at least min_p times the most likely "
+                "token's (after temperature); 0 = off. Both samplers."
+            ),
+            low=0.0,
+            high=1.0,
+        ),
+        Option(
+            "repetition_penalty",
+            1.0,
+            (
+                "vLLM's (and transformers') repetition_penalty: the logit of every token already in the prompt or "
+                "the completion is divided by it where positive, multiplied where negative; 1 = off. Both samplers."
+            ),
+            low=0.0,
+            low_open=True,
+        ),
         Option("num_iterations", 40, resume=MAY_CHANGE, low=0),
         Option(
             "num_env_steps",
@@ -388,6 +440,14 @@ OPTIONS = (
         Option("clip_high", None, "None = clip_low; DAPO: 0.28", value_type=float, low=0.0),
         Option("clip_c", None, "dual clip", value_type=float, low=1.0, low_open=True),
         Option("loss_agg_mode", "token-mean", choices="mathrl_jax.losses.aggregate:LOSS_AGG_MODES"),
+        Option(
+            "mask_truncated_completions",
+            False,
+            (
+                "TRL's mask_truncated_completions (DAPO's overlong filtering): a completion cut at max_new_tokens "
+                "(no EOS) trains nothing: its tokens leave the loss; it still counts in its group's statistics."
+            ),
+        ),
         Option("entropy_coef", 0.0),
         Option("kl_coef", 0.0, "KL to the reference, in the loss", low=0.0),
         Option("kl_kind", "k3", choices="mathrl_jax.losses.kl:KL_KINDS", case_free=True),
@@ -506,6 +566,29 @@ OPTIONS = (
             "held-out prompts written with their completions to run_dir/samples/ at each eval",
             resume=MAY_CHANGE,
             low=0,
+        ),
+        Option(
+            "log_completions",
+            False,
+            (
+                "TRL's log_completions: every log_completions_every iterations, a table of prompts, completions, "
+                "their rewards and advantages goes to run_dir/completions.jsonl and to the trackers (report_to)."
+            ),
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "log_completions_every",
+            10,
+            "the iterations between two completion tables (log_completions)",
+            resume=MAY_CHANGE,
+            low=1,
+        ),
+        Option(
+            "num_completions_to_print",
+            8,
+            "TRL's num_completions_to_print: rows of each completion table (log_completions)",
+            resume=MAY_CHANGE,
+            low=1,
         ),
         Option("save_interval", 20, resume=MAY_CHANGE, low=0),
         Option("max_to_keep", 2, low=1, resume=MAY_CHANGE),
