@@ -9,6 +9,13 @@
 | `chat`       | the tokenizer's chat template over one user turn holding the `boxed` text    | instruct models |
 | `chat_plain` | the tokenizer's chat template over one user turn holding the question        | |
 
+A problem whose prompt is chat messages (`Problem.messages`: the `trl` layout, `--config.data.fields`) is
+rendered by `format_messages`, as TRL renders a conversational prompt: the tokenizer's chat template over the
+messages as they are (system turn included), with the generation prompt, nothing added, under `plain` and
+`chat_plain`. `boxed` / `chat` and `verl_boxed` append their instruction to the last user message first;
+`r1_zero` (a text template, no turns) is refused. A tokenizer without a chat template gets `plain_messages`:
+the contents joined by newlines.
+
 The string templates are in `TEMPLATES`, with "{question}" where the question goes;
 they are filled by plain substitution, not `str.format`, so braces in a question
 ("\\\\frac{1}{2}") or in a template ("\\\\boxed{}") are kept as they are.
@@ -16,6 +23,7 @@ they are filled by plain substitution, not `str.format`, so braces in a question
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -82,3 +90,51 @@ def format_prompt(question: str, template: str = "plain", *, tokenizer: Any = No
     user = TEMPLATES[CHAT_TEMPLATES[template]].replace("{question}", question)
     messages.append({"role": "user", "content": user})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+MESSAGE_TEMPLATES: dict[str, str] = {
+    "plain": "plain",
+    "chat_plain": "plain",
+    "boxed": "boxed",
+    "chat": "boxed",
+    "verl_boxed": "verl_boxed",
+}
+"""Templates a chat-message prompt takes: name -> the string template its last user message is filled into."""
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` is a transformers tokenizer with a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def plain_messages(messages: Sequence[Mapping[str, str]]) -> str:
+    """The rendering of chat messages without a chat template: their contents joined by newlines."""
+    return "\n".join(m["content"] for m in messages)
+
+
+def format_messages(messages: Sequence[Mapping[str, str]], template: str = "plain", *, tokenizer: Any = None) -> str:
+    """The prompt text of a chat-message prompt (`Problem.messages`) under `template`.
+
+    As TRL's `maybe_apply_chat_template`: `tokenizer.apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)` over the messages as given. `MESSAGE_TEMPLATES` says what the template adds:
+    nothing under "plain" / "chat_plain"; under "boxed" / "chat" ("verl_boxed") the last user message becomes
+    TEMPLATES["boxed"] (["verl_boxed"]) of its content. With no tokenizer, or one without a chat template,
+    `plain_messages` renders the (so amended) messages.
+
+    Raises:
+      ValueError: a template a conversation cannot take ("r1_zero", unknown names), or messages without a user turn.
+    """
+    if template not in MESSAGE_TEMPLATES:
+        raise ValueError(
+            f"prompt template {template!r} cannot render chat messages (a chat-message prompt is rendered by the "
+            f"tokenizer's chat template); expected one of {', '.join(sorted(MESSAGE_TEMPLATES))}"
+        )
+    turns = [dict(m) for m in messages]
+    users = [i for i, m in enumerate(turns) if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"no user message in {messages!r}")
+    last = turns[users[-1]]
+    last["content"] = TEMPLATES[MESSAGE_TEMPLATES[template]].replace("{question}", last["content"])
+    if not has_chat_template(tokenizer):
+        return plain_messages(turns)
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)

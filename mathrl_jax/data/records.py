@@ -15,6 +15,7 @@ from mathrl_jax.data.layouts import (
     FieldName,
     Problem,
     as_text,
+    chat_messages,
     detect_layout,
     normalize_level,
     preview,
@@ -99,6 +100,12 @@ class RowReader:
             return None
         name, value = self.required(record, m.question)
         question = self.convert(record, name, value, m.question_fn)
+        messages = None
+        if m.chat_messages:  # chat messages are kept whole for the chat template (the question read them already)
+            try:
+                messages = chat_messages(value)
+            except ValueError as e:
+                raise self.error(record, str(e), name) from None
         solution = self.optional(record, m.solution, m.solution_fn)
         if m.answer is not None:
             name, value = self.required(record, m.answer)
@@ -116,7 +123,15 @@ class RowReader:
             raise self.error(record, str(e), level_name) from None
         uid = self.optional(record, m.uid) or f"{self.stem}:{record.index}"
         subject = self.optional(record, m.subject)
-        return Problem(uid=uid, question=question, answer=answer, solution=solution, level=level, subject=subject)
+        return Problem(
+            uid=uid,
+            question=question,
+            answer=answer,
+            solution=solution,
+            level=level,
+            subject=subject,
+            messages=messages,
+        )
 
 
 def resolve_layout(layout: str | FieldMapping, first: Record, path: str) -> FieldMapping:
@@ -134,8 +149,9 @@ def resolve_layout(layout: str | FieldMapping, first: Record, path: str) -> Fiel
         if name is None:
             raise DataError(
                 f"cannot detect the layout from the fields {sorted(map(str, first.value))}; "
-                f"name the layout, one of {sorted(LAYOUTS)} (scripts/train.py: --config.dataset_name=...; "
-                "Python: layout=..., or a FieldMapping of your own)",
+                f"name the layout, one of {sorted(LAYOUTS)} (scripts/train.py: --config.dataset_name=...), or "
+                "map its fields (scripts/train.py: --config.data.fields=question:FIELD,answer:FIELD; Python: "
+                "layout=FieldMapping(...) or data.layouts.parse_fields(...))",
                 path=path,
             )
         return LAYOUTS[name]

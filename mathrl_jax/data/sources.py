@@ -11,8 +11,9 @@
 | directory written by `save_to_disk`     | `datasets.load_from_disk`                   | row index    |
 | any other directory (a dataset repo)    | `datasets.load_dataset(directory)`          | row index    |
 
-Nothing is ever downloaded: every path is local. (The training build resolves a dataset's Hub id to its
-snapshot in the local Hugging Face cache first: `models.hub.resolve_dataset_path`.)
+Nothing is downloaded here: every path is local. (The training build resolves a dataset's Hub id to its
+snapshot in the local Hugging Face cache first, downloading it unless HF_HUB_OFFLINE is set:
+`models.hub.resolve_dataset_path`.)
 
 Layouts (`LAYOUTS`, or a `FieldMapping` of your own):
 
@@ -23,6 +24,18 @@ Layouts (`LAYOUTS`, or a `FieldMapping` of your own):
 | `gsm8k`      | `question` | after the last `####` of `answer`, no commas    | before it  |         |           |             |
 | `areal_boba` | `prompt`   | last `\\boxed{}` of the first of `solutions`    | that one   |         |           | `query_id`  |
 | `verl`       | last user message of `prompt` (chat messages) | `reward_model.ground_truth` |  |  | `data_source` |  |
+| `trl`        | `prompt`: a string, or chat messages kept whole | `answer`, `ground_truth` or `solution` (`trl_answer`) | `solution`, or before `####` |  |  |  |
+
+`trl` is TRL's and open-r1's layout (`prompt` + a gold-answer column). The first of `answer`, `ground_truth`,
+`solution` a record has is read by `trl_answer`: a GSM8K answer ("... #### 72") gives the text after `####`;
+a text with a `\\boxed{}` (open-r1's worked `solution`) gives its last boxed content, and is the worked
+solution; anything else (a bare answer: "72", 72, "\\frac{1}{2}") is the answer as it is. A `prompt` of chat
+messages (`[{"role": "system", ...}, {"role": "user", ...}]`) is kept whole as `Problem.messages`, the
+question being the last user message's text; the prompt is then the tokenizer's chat template over them
+(`data.prompts.format_messages`).
+
+A layout of your own: a `FieldMapping`, or `parse_fields("question:problem,answer:gold")` (the training
+program's `--config.data.fields`; roles question, answer, solution, uid, level, subject).
 
 `areal_boba` keeps rows whose `task` is `"math"` (a missing `task` means math, as in
 AReaL's `load_metadata`) and skips the `"code"` rows. `layout="auto"` picks the
@@ -39,7 +52,7 @@ checkpoint and restored into a fresh loader, which then continues exactly.
 
 The code lives in one module per concept, all re-exported here: `readers` (records
 of files and directories, `DataError`), `layouts` (`Problem`, `FieldMapping`,
-`LAYOUTS`, `detect_layout`), `records` (records -> checked `Problem`s), `filters`
+`LAYOUTS`, `detect_layout`, `parse_fields`), `records` (records -> checked `Problem`s), `filters`
 (`filter_problems`, MATH subjects), `loader` (`ProblemLoader`, `shuffled_order`).
 """
 
@@ -55,11 +68,15 @@ from mathrl_jax.data.layouts import (
     FieldName,
     Problem,
     boba_answer,
+    chat_messages,
     detect_layout,
     gsm8k_final_answer,
     gsm8k_rationale,
     is_int,
     normalize_level,
+    parse_fields,
+    trl_answer,
+    trl_solution,
     verl_ground_truth,
     verl_question,
 )
@@ -77,6 +94,7 @@ __all__ = [
     "Problem",
     "ProblemLoader",
     "boba_answer",
+    "chat_messages",
     "detect_layout",
     "filter_by_subject",
     "filter_problems",
@@ -85,8 +103,11 @@ __all__ = [
     "last_boxed",
     "load_problems",
     "normalize_level",
+    "parse_fields",
     "shuffled_order",
     "subject_key",
+    "trl_answer",
+    "trl_solution",
     "verl_ground_truth",
     "verl_question",
 ]

@@ -451,6 +451,7 @@ def test_every_builtin_layout_is_detected_from_its_fields():
         "gsm8k": ["question", "answer"],
         "areal_boba": ["prompt", "solutions", "query_id", "task"],
         "verl": ["data_source", "prompt", "ability", "reward_model", "extra_info"],
+        "trl": ["prompt", "solution"],
     }
     assert set(fields) == set(LAYOUTS)
     for name, keys in fields.items():

@@ -67,25 +67,85 @@ def load_data(config):
         if path and not os.path.exists(path):
             fail(f"{name} {path!r} does not exist (all data is read from local paths)")
     subject = config.dataset_name if config.dataset_name in sources.MATH_SUBJECTS else None
-    layout = "auto" if subject else config.dataset_name
+    layout = data_layout(config)
+    eval_path, eval_split = config.eval_dataset_path, config.eval_dataset_split
     try:
         problems = sources.load_problems(config.dataset_path, layout, split=config.dataset_split or None)
         if subject:
             problems = _keep_subject(problems, subject, config.dataset_path)
-        if config.eval_dataset_path:
-            held_out = sources.load_problems(config.eval_dataset_path, layout, split=config.eval_dataset_split or None)
+        if eval_path or eval_split:  # another file, or another split of the training dataset
+            held_out = sources.load_problems(eval_path or config.dataset_path, layout, split=eval_split or None)
             if subject:
-                held_out = _keep_subject(held_out, subject, config.eval_dataset_path)
+                held_out = _keep_subject(held_out, subject, eval_path or config.dataset_path)
+            if not eval_path:
+                print(
+                    f"evaluating on the {eval_split!r} split of {config.dataset_path} ({len(held_out)} problems; "
+                    f"num_eval_problems={config.num_eval_problems} of them)",
+                    file=sys.stderr,
+                )
         else:
-            order = sources.shuffled_order(len(problems), config.seed, 0)
-            count = min(config.num_eval_problems, len(problems) // 10 or 1)
-            held_out = [problems[i] for i in order[:count]]
-            problems = [problems[i] for i in order[count:]]
+            problems, held_out = hold_out(config, problems)
     except sources.DataError as error:
-        fail(str(error))
+        named = f" (--config.data.fields={config.data.fields!r})" if config.data.fields and error.field else ""
+        fail(str(error) + named)
     if not problems:
         fail(f"dataset {config.dataset_path!r} has no training problems left")
+    _check_message_prompts(config, problems + held_out)
     return problems, held_out[: config.num_eval_problems]
+
+
+def data_layout(config):
+    """The layout of the run's data files: `data.fields`'s mapping (`sources.parse_fields`), else
+    `dataset_name`'s (a MATH subject's file is read with "auto")."""
+    if config.data.fields:
+        try:
+            return sources.parse_fields(config.data.fields)
+        except ValueError as error:
+            fail(str(error))
+    return "auto" if config.dataset_name in sources.MATH_SUBJECTS else config.dataset_name
+
+
+def holdout_count(eval_holdout: int, num_eval_problems: int, total: int) -> int:
+    """How many of `total` training problems `eval_holdout` holds out: -1 = min(num_eval_problems, a tenth of them
+    (at least 1)), 0 = none, N = N."""
+    if eval_holdout == -1:
+        return min(num_eval_problems, total // 10 or 1)
+    return eval_holdout
+
+
+def hold_out(config, problems):
+    """(training problems, held-out problems): `holdout_count` problems drawn with the run's seed
+    (`sources.shuffled_order(len, seed, 0)`), said on stderr; none left to train on is refused."""
+    total, path = len(problems), config.dataset_path
+    count = holdout_count(config.eval_holdout, config.num_eval_problems, total)
+    if count == 0:
+        return problems, []
+    if count >= total:
+        fail(
+            f"eval_holdout={config.eval_holdout} holds out {count} of the {total} problems of {path!r}, leaving none "
+            "to train on: lower --config.eval_holdout (0 trains on all of them), or name an evaluation file with "
+            "--config.eval_dataset_path"
+        )
+    order = sources.shuffled_order(total, config.seed, 0)
+    print(
+        f"held out {count} of {total} problems of {path} for evaluation (seed {config.seed}); "
+        "--config.eval_holdout=0 trains on all of them, --config.eval_dataset_path names another file",
+        file=sys.stderr,
+    )
+    return [problems[i] for i in order[count:]], [problems[i] for i in order[:count]]
+
+
+def _check_message_prompts(config, problems) -> None:
+    """A chat-message prompt is rendered by a template that takes one (`prompts.MESSAGE_TEMPLATES`)."""
+    if config.prompt_template in prompts.MESSAGE_TEMPLATES:
+        return
+    first = next((p for p in problems if p.messages is not None), None)
+    if first is not None:
+        fail(
+            f"prompt_template={config.prompt_template!r} cannot render the chat-message prompts of "
+            f"{config.dataset_path!r} (problem {first.uid!r}): use one of {sorted(prompts.MESSAGE_TEMPLATES)} "
+            "('plain': the tokenizer's chat template over the messages as they are)"
+        )
 
 
 def _instances(section) -> dict:
@@ -161,10 +221,32 @@ def prompt_settings(config) -> PromptSettings:
     return PromptSettings(config.prompt_template, int(config.max_prompt_length))
 
 
+def prompt_text(template: str, codec: TextCodec, problem) -> str:
+    """A problem's prompt: `prompts.format_messages` of its chat messages (`Problem.messages`; without a chat
+    template their contents joined by newlines, said once on stderr), else `prompts.format_prompt` of its
+    question."""
+    messages = getattr(problem, "messages", None)
+    if messages is None:
+        return prompts.format_prompt(problem.question, template, tokenizer=codec.tokenizer)
+    directory = getattr(codec, "directory", "the model")
+    if not prompts.has_chat_template(codec.tokenizer) and directory not in _PLAIN_NOTED:
+        _PLAIN_NOTED.add(directory)
+        print(
+            f"note: the tokenizer of {directory} has no chat template, so chat-message prompts are their "
+            "contents joined by newlines (data.prompts.plain_messages)",
+            file=sys.stderr,
+        )
+    return prompts.format_messages(messages, template, tokenizer=codec.tokenizer)
+
+
+_PLAIN_NOTED: set = set()
+"""The tokenizer directories whose lack of a chat template was said (once each)."""
+
+
 def encode_prompts(settings: PromptSettings, codec: TextCodec, problems) -> List[List[int]]:
     out = []
     for problem in problems:
-        text = prompts.format_prompt(problem.question, settings.template, tokenizer=codec.tokenizer)
+        text = prompt_text(settings.template, codec, problem)
         ids = codec.encode(text)
         if len(ids) > settings.max_length:
             fail(

@@ -3,6 +3,7 @@ models, sampler, data, optimizers, and the state restored from the latest checkp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from typing import Any, Dict, Optional, Tuple
@@ -108,8 +109,11 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
     sampler = make_sampler(config, start_dir, trainer.model, codec, sampler_args)
     sampler.update_weights(state_lib.model_params(state.params, trainer.frozen), int(state.policy_version))
     sinks = report_to(config)
+    settings = sections.run_settings(config)
+    if not eval_prompts and game is None:  # no held-out problems (eval_holdout=0, num_eval_problems=0): no evaluations
+        settings = dataclasses.replace(settings, eval_interval=0)
     return Run(
-        settings=sections.run_settings(config),
+        settings=settings,
         graphdef=trainer.graphdef,
         state=state,
         rollouts=RolloutMaker(
