@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         parser.error(f"--template {args.template!r} is not a prompt template; choose from {', '.join(TEMPLATE_NAMES)}")
     from mathrl_jax.models.hub import HubModelError, resolve_model_dir
 
-    try:  # a Hub id: its snapshot in the local Hugging Face cache (nothing is downloaded)
+    try:  # a Hub id: its snapshot in the local Hugging Face cache, downloaded first unless HF_HUB_OFFLINE is set
         args.model = resolve_model_dir(args.model, "--model")
     except HubModelError as error:
         parser.error(str(error))

@@ -11,6 +11,10 @@ import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No test reaches the Hugging Face Hub: a Hub id resolves from the local cache only (models/hub.py), in this process
+# and in every script it starts. Tests of downloads set HF_HUB_OFFLINE=0 and HF_ENDPOINT to a local stand-in
+# (tests/models/hub_server.py) for their own subprocesses.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The scripts the tests run keep JAX's persistent compilation cache under $XDG_CACHE_HOME: a directory of this
 # test session (inherited by every subprocess), never the user's ~/.cache.
