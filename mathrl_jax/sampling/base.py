@@ -29,6 +29,12 @@ class SamplingParams:
       top_p: nucleus sampling: keep the smallest set of tokens whose probability
         reaches `top_p` (1.0 keeps all).
       top_k: keep the `top_k` most likely tokens (0 or -1 keeps all).
+      min_p: keep only tokens whose probability (after temperature) is at least
+        `min_p` times the most likely token's (vLLM's `apply_min_p`; 0.0 keeps all).
+      repetition_penalty: every token id already in the prompt or the completion
+        so far has its raw logit divided by it where positive, multiplied by it
+        where not (vLLM's `apply_penalties`, transformers'
+        `RepetitionPenaltyLogitsProcessor`); 1.0 is off. Greedy decoding too.
       max_new_tokens: completion length limit; a completion cut here finishes
         with reason "length".
       stop_token_ids: tokens that end a completion (in addition to the
@@ -43,6 +49,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     max_new_tokens: int = 256
     stop_token_ids: Tuple[int, ...] = ()
     stop: Tuple[str, ...] = ()
@@ -54,6 +62,8 @@ class SamplingParams:
             ("temperature", self.temperature, self.temperature >= 0.0, ">= 0"),
             ("top_p", self.top_p, 0.0 < self.top_p <= 1.0, "in (0, 1]"),
             ("top_k", self.top_k, self.top_k >= -1, ">= -1 (0 or -1: off)"),
+            ("min_p", self.min_p, 0.0 <= self.min_p <= 1.0, "in [0, 1] (0: off)"),
+            ("repetition_penalty", self.repetition_penalty, self.repetition_penalty > 0.0, "> 0 (1: off)"),
             ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
         ]
         for name, value, ok, expected in checks:
@@ -71,6 +81,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def filters(self) -> bool:
+        """Whether tokens are filtered after temperature (top-k, top-p, min-p)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the repetition penalty changes the logits."""
+        return self.repetition_penalty != 1.0
+
 
 @dataclasses.dataclass
 class Rollouts:
@@ -80,9 +100,10 @@ class Rollouts:
       prompt_ids: per sample, the prompt's token ids.
       completion_ids: per sample, the generated token ids (a stop token included).
       logprobs: per sample, `[len(completion)]` float32 log-probs of the sampled
-        tokens under the distribution actually sampled from (temperature, top-k,
-        top-p applied; 0.0 for greedy decoding, a point mass).
-      policy_logprobs: the same tokens under the untempered, unfiltered policy:
+        tokens under the distribution actually sampled from (repetition penalty,
+        temperature, min-p, top-k, top-p applied: vLLM's "processed_logprobs";
+        0.0 for greedy decoding, a point mass).
+      policy_logprobs: the same tokens under the untempered, unfiltered, unpenalized policy:
         the "old log-probs" of PPO when sampler and trainer agree.
       finish_reasons: per sample, "stop", "length" or "abort".
       stop_reasons: per sample, the stop token id or stop string that ended it,

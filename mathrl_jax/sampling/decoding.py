@@ -33,15 +33,19 @@ ROW_OUTPUTS = ("tokens", "logprobs", "policy_logprobs", "lengths", "finish", "st
 MAX_STOP_TOKENS = 8  # stop-token ids travel as a fixed-size array, so their number does not recompile
 
 
-def filter_logits(logits: chex.Array, top_k: chex.Array, top_p: chex.Array) -> chex.Array:
-    """Top-k then top-p (nucleus) filtering of `[N, V]` logits; removed entries become -inf.
+def filter_logits(logits: chex.Array, top_k: chex.Array, top_p: chex.Array, min_p=0.0) -> chex.Array:
+    """Min-p, then top-k, then top-p (nucleus) filtering of `[N, V]` logits; removed entries become -inf.
 
-    top-k keeps the `top_k` largest logits (ties at the threshold kept; `top_k <= 0`
-    keeps all). top-p keeps the most likely tokens, in order, while the probability
+    The order is vLLM's sampler's (`Sampler.sample`: min-p, an argmax-invariant logits processor, before top-k /
+    top-p). min-p drops tokens whose probability `softmax(logits)` is below `min_p * max(probs)` (vLLM's
+    `MinPLogitsProcessor`; 0 keeps all). top-k keeps the `top_k` largest logits (ties at the threshold kept;
+    `top_k <= 0` keeps all). top-p keeps the most likely tokens, in order, while the probability
     mass before each is below `top_p`, so the first is always kept (vLLM / HF).
-    Both are traced scalars: changing them does not recompile.
+    All are traced scalars: changing them does not recompile.
     """
     vocab = logits.shape[-1]
+    probs = jax.nn.softmax(logits, axis=-1)
+    logits = jnp.where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, logits)
     descending = -jnp.sort(-logits, axis=-1)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     kth = jnp.take_along_axis(descending, jnp.broadcast_to(k - 1, logits.shape[:-1])[..., None], axis=-1)
@@ -55,17 +59,37 @@ def filter_logits(logits: chex.Array, top_k: chex.Array, top_p: chex.Array) -> c
     return jnp.where(logits < threshold, -jnp.inf, logits)
 
 
-def sampling_distribution(logits: chex.Array, temperature, top_k, top_p, *, use_filter: bool) -> chex.Array:
-    """Log-probabilities of the distribution sampled from: log_softmax(filter(logits / T))."""
+def penalize_repetitions(logits: chex.Array, seen: chex.Array, penalty) -> chex.Array:
+    """The repetition penalty on `[N, V]` raw logits: where `seen` (`[N, V]` bool: the token is in the row's prompt
+    or completion so far), `logit / p` if `logit > 0` else `logit * p`; elsewhere unchanged.
+
+    vLLM's `apply_repetition_penalties` (CTRL, Keskar et al. 2019; transformers' `RepetitionPenaltyLogitsProcessor`),
+    applied before temperature; like vLLM's, it scales by `1 / p` for positive logits. `penalty` is traced.
+    """
+    scaling = jnp.where(seen, jnp.where(logits > 0, 1.0 / penalty, penalty), 1.0)
+    return logits * scaling
+
+
+def seen_tokens(prompt_ids: chex.Array, prompt_mask: chex.Array, vocab_size: int) -> chex.Array:
+    """`[U, V]` bool: which token ids each left-padded prompt `[U, P]` holds (its mask's tokens only)."""
+    rows = jnp.broadcast_to(jnp.arange(prompt_ids.shape[0])[:, None], prompt_ids.shape)
+    return jnp.zeros((prompt_ids.shape[0], vocab_size), bool).at[rows, prompt_ids].max(prompt_mask > 0)
+
+
+def sampling_distribution(logits: chex.Array, temperature, top_k, top_p, min_p=0.0, *, use_filter: bool):
+    """Log-probabilities of the distribution sampled from: log_softmax(filter(logits / T)) (`filter_logits`)."""
     scaled = logits.astype(jnp.float32) / temperature
     if use_filter:
-        scaled = filter_logits(scaled, top_k, top_p)
+        scaled = filter_logits(scaled, top_k, top_p, min_p)
     return jax.nn.log_softmax(scaled, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "samples_per_prompt", "cache_length"))
-def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int, cache_length: int):
-    """Runs left-padded prompts `[U, P]` into a fresh cache; returns the decode state for `n` samples each.
+@functools.partial(jax.jit, static_argnames=("graphdef", "samples_per_prompt", "cache_length", "track_seen"))
+def prefill(
+    state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int, cache_length: int, track_seen: bool = False
+):
+    """Runs left-padded prompts `[U, P]` into a fresh cache; returns the decode state for `n` samples each
+    (with `track_seen`, also `seen [U * n, V]`: the prompt's token ids, for the repetition penalty).
 
     Module-level and keyed on the (hashable) graphdef, so every sampler of the
     same architecture shares the compiled programs.
@@ -92,24 +116,35 @@ def prefill(state, prompt_ids, prompt_mask, *, graphdef, samples_per_prompt: int
         return constrain_kv_cache(jnp.repeat(a, samples_per_prompt, axis=0))
 
     cache = KVCache(*(tuple(widen(a) for a in part) for part in cache))
-    return dict(
+    out = dict(
         last_logits=repeat(last_logits),
         cache=cache,
         cache_mask=repeat(cache_mask),
         next_position=repeat(jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)),
     )
+    if track_seen:
+        out["seen"] = repeat(seen_tokens(prompt_ids, prompt_mask, last_logits.shape[-1]))
+    return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "greedy", "use_filter"), donate_argnames=("carry",))
-def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: bool):
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "greedy", "use_filter", "penalize"), donate_argnames=("carry",)
+)
+def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: bool, penalize: bool = False):
     """Decodes until every row is done or `controls["until"]` tokens exist.
 
     carry: tokens / logprobs / policy_logprobs `[N, G]` (written at column
     `step`), lengths, finish (RUNNING / STOPPED / LENGTH), stop_token `[N]`,
     last_logits `[N, V]` (for the next token), cache, cache_mask `[N, S]`,
-    next_position `[N]`, step `[]`. keys: `[N]` per-row keys;
-    controls: traced scalars (temperature, top_k, top_p, max_new_tokens,
-    until, prompt_bucket, pad_id) and `stop_ids [MAX_STOP_TOKENS]` (-1 = unused).
+    next_position `[N]`, step `[]`; with `penalize`, seen `[N, V]` bool (the
+    prompt's and completion's token ids, each sampled token added).
+    keys: `[N]` per-row keys; controls: traced scalars (temperature, top_k,
+    top_p, min_p, repetition_penalty, max_new_tokens, until, prompt_bucket,
+    pad_id) and `stop_ids [MAX_STOP_TOKENS]` (-1 = unused).
+
+    Each token, as vLLM's sampler: raw logits -> repetition penalty (`penalize`) -> greedy argmax, or
+    temperature -> min-p -> top-k -> top-p (`use_filter`) -> a draw. logprobs hold the sampled token's log-prob
+    under that processed distribution (0 under greedy), policy_logprobs its log-prob under the raw logits.
     """
     model = nnx.merge(graphdef, state)
     rows, generation_bucket = carry["tokens"].shape
@@ -121,12 +156,15 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
         step = c["step"]
         running = c["finish"] == RUNNING
         policy_logp = jax.nn.log_softmax(c["last_logits"], axis=-1)
+        logits = c["last_logits"]
+        if penalize:
+            logits = penalize_repetitions(logits, c["seen"], controls["repetition_penalty"])
         if greedy:
-            token = jnp.argmax(c["last_logits"], axis=-1).astype(jnp.int32)
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
             sample_logp = jnp.zeros((rows,), jnp.float32)
         else:
             logp = sampling_distribution(
-                c["last_logits"], controls["temperature"], controls["top_k"], controls["top_p"], use_filter=use_filter
+                logits, *(controls[k] for k in ("temperature", "top_k", "top_p", "min_p")), use_filter=use_filter
             )
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
             gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logp.shape[-1:], jnp.float32))(step_keys)
@@ -156,7 +194,11 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
             return_hidden=True,
         )
         last_logits = model.logits_from_hidden(hidden)[:, 0].astype(jnp.float32)
+        seen = {}
+        if penalize:  # a finished row's pad token too: it samples no more
+            seen["seen"] = c["seen"].at[jnp.arange(rows), token].set(True)
         return dict(
+            **seen,
             tokens=tokens,
             logprobs=logprobs,
             policy_logprobs=policy_logprobs,
@@ -172,6 +214,21 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
 
     del generation_bucket
     return jax.lax.while_loop(cond, body, carry)
+
+
+def decode_controls(params, prompt_bucket: int, pad_id: int, stop_ids) -> dict:
+    """`decode`'s traced controls (numpy scalars) from a `SamplingParams`: changing them does not recompile."""
+    return dict(
+        temperature=np.float32(max(params.temperature, 1e-6)),
+        top_k=np.int32(params.top_k),
+        top_p=np.float32(params.top_p),
+        min_p=np.float32(params.min_p),
+        repetition_penalty=np.float32(params.repetition_penalty),
+        max_new_tokens=np.int32(params.max_new_tokens),
+        prompt_bucket=np.int32(prompt_bucket),
+        pad_id=np.int32(pad_id),
+        stop_ids=np.asarray(list(stop_ids) + [-1] * (MAX_STOP_TOKENS - len(stop_ids)), np.int32),
+    )
 
 
 def row_keys(seed, num_rows: int, first_row=0) -> jax.Array:

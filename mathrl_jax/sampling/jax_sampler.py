@@ -50,6 +50,7 @@ from mathrl_jax.sampling.decoding import (
     STOPPED,
     compact_carry,
     decode,
+    decode_controls,
     jitted_row_keys,
     prefill,
     row_keys,
@@ -268,6 +269,7 @@ class JaxSampler:
                 graphdef=self.graphdef,
                 samples_per_prompt=n,
                 cache_length=prompt_bucket + generation_bucket,
+                track_seen=params.penalizes,
             )
             # Waited for here: a cache that does not fit fails now (`SamplerMemoryError`), not at a later use.
             jax.block_until_ready(decode_state)
@@ -287,19 +289,8 @@ class JaxSampler:
                 )
             )
             carry.update(decode_state)
-            controls = jax.device_put(
-                dict(
-                    temperature=np.float32(max(params.temperature, 1e-6)),
-                    top_k=np.int32(params.top_k),
-                    top_p=np.float32(params.top_p),
-                    max_new_tokens=np.int32(params.max_new_tokens),
-                    prompt_bucket=np.int32(prompt_bucket),
-                    pad_id=np.int32(self.pad_token_id),
-                    stop_ids=np.asarray(stop_ids + [-1] * (MAX_STOP_TOKENS - len(stop_ids)), np.int32),
-                )
-            )
+            controls = jax.device_put(decode_controls(params, prompt_bucket, self.pad_token_id, stop_ids))
             keys = self._row_keys(seed, rows, first_prompt * n)
-            use_filter = params.top_k > 0 or params.top_p < 1.0
             compact = self.compact_interval is not None and not params.stop and jax.process_count() == 1
             chunk = self.stop_check_interval if params.stop else params.max_new_tokens
             if compact:
@@ -317,7 +308,8 @@ class JaxSampler:
                     dict(controls, until=jax.device_put(np.int32(until))),
                     graphdef=self.graphdef,
                     greedy=params.greedy,
-                    use_filter=use_filter,
+                    use_filter=params.filters,
+                    penalize=params.penalizes,
                 )
                 if params.stop:
                     carry = self._apply_stop_strings(carry, params.stop, stop_strings, settled, num_prompts * n)

@@ -3,6 +3,7 @@
 module (a start costs ~10 s); the warm-started model is `conftest.warm_tiny`'s. Parity after syncs, several syncs
 and failed syncs, for this engine and the others: test_vllm_modes.py."""
 
+import dataclasses
 import os
 import types
 
@@ -155,3 +156,18 @@ def test_bad_settings_are_refused_with_their_value(tiny, tmp_path):
     with pytest.raises(RuntimeError, match="enable_sleep_mode"):
         tiny.engine.sleep()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_greedy_with_a_repetition_penalty_is_the_jax_samplers(tiny):
+    """vLLM penalizes the prompt's and the output's tokens before its greedy argmax, as the `JaxSampler` does: the
+    same completions, which the penalty changed; vLLM's log-probs there are the penalized ones, so no policy's."""
+    tiny.engine.update_weights(tiny.state, version=13)
+    prompts = tiny.prompts[:8]
+    params = SamplingParams(temperature=0.0, max_new_tokens=tiny.max_new_tokens, repetition_penalty=1.5)
+    got = tiny.engine.generate(prompts, params)
+    want = tiny.jax_sampler(tiny.state).generate(prompts, params)
+    assert got.completion_ids == want.completion_ids
+    assert got.finish_reasons == want.finish_reasons
+    plain = tiny.jax_sampler(tiny.state).generate(prompts, dataclasses.replace(params, repetition_penalty=1.0))
+    assert got.completion_ids != plain.completion_ids
+    assert all(np.isnan(lp).all() for lp in got.policy_logprobs)

@@ -7,8 +7,9 @@ reasons, the weight versions that sampled it), so both samplers build their `Rol
 - One request a prompt, each with its own seeds: vLLM seeds sample j of a request with seed + j, so one shared seed
   would give sample j of every prompt the same noise. Prompt i's samples take seed + i n + j (`prompt_seed`).
 - Greedy decoding with n > 1 asks once and repeats the completion (vLLM refuses n > 1 when greedy).
-- Log-probs are vLLM's "processed_logprobs" (the distribution sampled from); `policy_logprobs` are those at
-  temperature 1 without top-k / top-p, the greedy step's under greedy decoding, and NaN otherwise.
+- Log-probs are vLLM's "processed_logprobs" (the distribution sampled from: repetition penalty, temperature, min-p,
+  top-k, top-p applied); `policy_logprobs` are those at temperature 1 without top-k / top-p / min-p, the greedy
+  step's under greedy decoding, either without a repetition penalty, and NaN otherwise.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def request_fields(params: SamplingParams, eos_token_ids: Sequence[int], seed: O
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k if params.top_k > 0 else -1,
+        min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty,
         max_tokens=params.max_new_tokens,
         stop_token_ids=sorted(set(params.stop_token_ids) | set(int(t) for t in eos_token_ids)),
         stop=list(params.stop),
@@ -107,15 +110,17 @@ def to_rollouts(
     """`Rollouts` (row i n + j: sample j of prompt i) of each prompt's completions, in their sample order."""
     greedy = is_greedy(params)
     repeats = params.n if greedy else 1
-    plain = params.temperature == 1.0 and params.top_p == 1.0 and params.top_k <= 0
+    # The processed log-probs are the policy's only where nothing but a greedy argmax or nothing at all processed
+    # the logits (vLLM penalizes before its greedy step too).
+    plain = params.temperature == 1.0 and not params.filters and not params.penalizes
     ids, lps, plps, reasons, stops, texts = [], [], [], [], [], []
     for per_prompt in completions:
         for sample in [c for c in per_prompt for _ in range(repeats)]:
             lp = np.asarray(sample.logprobs, np.float32)
             ids.append(list(sample.token_ids))
-            if greedy:  # a point mass was sampled from; the log-probs are the policy's
+            if greedy:  # a point mass was sampled from; the log-probs are the (penalized) policy's
                 lps.append(np.zeros_like(lp))
-                plps.append(lp)
+                plps.append(np.full_like(lp, np.nan) if params.penalizes else lp)
             else:
                 lps.append(lp)
                 plps.append(lp.copy() if plain else np.full_like(lp, np.nan))
