@@ -27,7 +27,7 @@ Statistics (`mathrl_jax.stats`), in the markdown and in `<out>/statistics.json`:
 R_0 + (A - R_0) / (1 + (C_mid / C)^B) fitted to its greedy held-out curve against the RL iteration C (asymptote
 A, efficiency B and C_mid, RMSE, or the reason there is no fit: too few evaluations, a flat curve, a rise over
 before the first evaluation), pass@1 and pass@k at its first and last evaluation, its token entropy
-(train/entropy_loss) and response length (sampled during RL / greedy on held-out problems) at the end; over
+(train/entropy) and response length (sampled during RL / greedy on held-out problems) at the end; over
 seeds, mean and 95% percentile bootstrap interval of the final greedy accuracy, the RL gain, the RL gain minus
 its control's (paired by seed), and the fitted A, B and C_mid.
 
@@ -190,7 +190,7 @@ def read_run(run_dir: str) -> dict[str, Any]:
     last evaluation); `sampled_start`, `sampled_end` (eval/pass@1: accuracy of one sample at the RL
     temperature); `pass_k` and `pass_at_k_start`, `pass_at_k_end` (k = the config's eval_n_samples);
     `turns_start`, `turns_end` (a multi-turn run's turns per held-out game); `fit` (`stats.fit_saturating_curve`
-    of the curve, C = the RL iteration; None without a curve); `entropy_end` (train/entropy_loss),
+    of the curve, C = the RL iteration; None without a curve); `entropy_end` (train/entropy),
     `response_length_end` (rollout/response_length, sampled) at the last iteration that logged them,
     `eval_response_length_end` (eval/response_length, greedy) at the last evaluation; `hard_start`, `hard_end`,
     `hard_pass_at_k_end` (the harder held-out split's eval_hard/*, where the config has one); `warmstart_before`,
@@ -231,7 +231,7 @@ def read_run(run_dir: str) -> dict[str, Any]:
         "turns_start": first.get("eval/episode_turns"),  # multi-turn runs: turns per held-out game
         "turns_end": last.get("eval/episode_turns"),
         "fit": stats.fit_saturating_curve(*zip(*curve)) if curve else None,
-        "entropy_end": last_logged("train/entropy_loss"),
+        "entropy_end": last_logged("train/entropy"),
         "response_length_end": last_logged("rollout/response_length"),
         "eval_response_length_end": last.get("eval/response_length"),
         "hard_start": first.get("eval_hard/accuracy"),  # the harder held-out split (eval_digits), greedy

@@ -45,7 +45,7 @@ PANELS = (
     "eval/accuracy",
     "rollout/response_length",
     "train/policy_loss",
-    "train/entropy_loss",
+    "train/entropy",
     "train/approx_kl",
     "train/kl",
     "train/clip_fraction",

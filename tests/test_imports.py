@@ -109,7 +109,8 @@ ROOMS_MAY_IMPORT = {
         "rollouts",
         "warmstart",
     },
-    "loop": {"state", "run_directory", "batch", "checkpoint", "reporting", "rollouts", "setup"},
+    "export": {"state", "run_directory", "checkpoint"},
+    "loop": {"state", "run_directory", "batch", "checkpoint", "reporting", "rollouts", "setup", "export"},
 }
 
 

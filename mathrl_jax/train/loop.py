@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -22,17 +23,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
-from flax import nnx
 
 from mathrl_jax import files
 from mathrl_jax.errors import TrainingError
 from mathrl_jax.evaluation import completion_samples, held_out_accuracy
-from mathrl_jax.models import hf, peft_adapters
 from mathrl_jax.sharding import distributed
-from mathrl_jax.train import run_directory
+from mathrl_jax.train import batch as batch_lib
+from mathrl_jax.train import reporting, run_directory
 from mathrl_jax.train.batch import BatchMaker, BatchSettings, control_rewards, mesh_context, prepare_batch
-from mathrl_jax.train.checkpoint import DISK_ERRNOS, LORA_BASE_KEY
-from mathrl_jax.train.reporting import Progress
+from mathrl_jax.train.checkpoint import LORA_BASE_KEY
+from mathrl_jax.train.export import export_final_model
 from mathrl_jax.train.rollouts import (
     AsyncRollouts,
     Collected,
@@ -109,6 +109,7 @@ def train_iteration(
     batches: BatchMaker,
     update: Callable,
     settings: RunSettings,
+    completions: Optional[Callable[[List[Dict[str, Any]]], None]] = None,
 ) -> Tuple[TrainState, HostState, Dict[str, float]]:
     """One iteration (see the module docstring): state and host state in, the next ones out, with the iteration's
     metrics: the new `TrainState`, and the `HostState` after it (the data position of the batch it trained on,
@@ -116,7 +117,8 @@ def train_iteration(
     sampler).
 
     The update's minibatch order is drawn on the host from the state's key (read with its step and version in one
-    transfer), as the update would draw it, and passed with the batch."""
+    transfer), as the update would draw it, and passed with the batch. `completions` (log_completions) gets the
+    batch's completion table (`reporting.completion_table`)."""
     start = time.perf_counter()
     updates, version, rng = jax.device_get((state.step, state.policy_version, state.rng))
     updates, version = int(updates), int(version)
@@ -152,7 +154,8 @@ def train_iteration(
         update_start = time.perf_counter()
         with mesh_context(batches.mesh):
             state, update_metrics = update(state, batch, batches.frozen)
-        update_metrics = jax.device_get(update_metrics)
+        update_metrics = reporting.measured_update_metrics(jax.device_get(update_metrics))  # over no token: none
+    batch_metrics = batch_lib.batch_metrics_on_host(batch_metrics)
     sync_start = time.perf_counter()
     source.updated(iteration, model_params(state.params, batches.frozen), version + 1)  # each update: a version
     done = time.perf_counter()
@@ -165,8 +168,9 @@ def train_iteration(
     earned = scores if step_rewards is None else scores + step_rewards.sum(axis=1)
     metrics = {
         "rollout/rewards": float(np.mean(earned[real])),
-        "rollout/response_length": float(lengths[real].mean()),
-        "rollout/truncated_fraction": float(np.mean(np.asarray(rollouts.finish_reasons)[real] == "length")),
+        **reporting.reward_metrics(earned[real], rollouts.prompt_indices[real]),
+        **reporting.length_metrics(lengths[real], np.asarray(rollouts.finish_reasons)[real]),
+        **reporting.memory_metrics(),
         "rollout/grader_timeouts": reward_metrics.get("reward/timeout_count", 0.0),
         "perf/step_time": done - start,
         "perf/generate_time": got.generate_seconds,
@@ -186,6 +190,9 @@ def train_iteration(
         **{f"rollout/{k[len('reward/') :]}": v for k, v in reward_metrics.items() if k in GRADER_RATES},
         **{f"train/{k}": float(v) for k, v in update_metrics.items()},  # the update's names (`metric_names`)
     }
+    if completions is not None:  # TRL's log_completions: the batch's first responses, as the update saw them
+        rows, count = np.flatnonzero(real), settings.num_completions_to_print
+        completions(reporting.completion_table(iteration, batches.codec.decode, rollouts, earned, batch, rows, count))
     return state, HostState(data_state=got.data_state, shape_floors=shape_floors), metrics
 
 
@@ -211,47 +218,6 @@ def save(
     if run.lora_base is not None:
         metadata[LORA_BASE_KEY] = run.lora_base
     return run.checkpointer.save(iteration, state, metadata, force=force, arrays=arrays or None)
-
-
-def export_final_model(run: Run, state: TrainState, final: str) -> None:
-    """`final` (run_dir/final_model): the policy as a Hugging Face checkpoint, a LoRA run's adapters merged into
-    its base; a LoRA run also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
-    `base_model_name_or_path` is the base the run trained on)."""
-    params = model_params(state.params, run.batches.frozen)
-    model_config = nnx.merge(run.graphdef, params).config
-    params = distributed.fetch(params)  # every process takes part in gathering the shards
-    distributed.on_main_process(
-        "final_model",
-        lambda: _write_export(
-            "the final model",
-            final,
-            lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir),
-        ),
-    )
-    if model_config.lora_rank:
-        adapter_dir = os.path.join(os.path.dirname(final), run_directory.FINAL_ADAPTER)
-        distributed.on_main_process(
-            run_directory.FINAL_ADAPTER,
-            lambda: _write_export(
-                "the final adapters",
-                adapter_dir,
-                lambda d: peft_adapters.export_adapters(params, model_config, d, run.model_dir),
-            ),
-        )
-
-
-def _write_export(what: str, directory: str, write: Callable[[str], None]) -> None:
-    """`files.write_directory(directory, write)`; a disk that refuses the write (full, read-only: `DISK_ERRNOS`) is
-    a `TrainingError` naming the directory (the OS's error names only the errno), the previous export kept."""
-    try:
-        files.write_directory(directory, write)
-    except OSError as error:
-        if error.errno not in DISK_ERRNOS:
-            raise
-        raise TrainingError(
-            f"cannot write {what} to {directory}: {error.strerror or error}; the checkpoints are kept: free the "
-            "disk and rerun the same command, which exports it"
-        ) from error
 
 
 HARD_EVAL_PREFIX = "eval_hard/"
@@ -316,9 +282,10 @@ def train(
 ) -> Dict[str, Any]:
     """Runs (or resumes) a training run; returns a summary with the eval curve and the final state.
 
-    `reward_functions`: your reward functions in TRL's convention (`fn(prompts, completions, answer, ...) ->
-    [float]`, `rewards.functions`), summed with `reward.weights`, alone or (reward_source "verifier+functions")
-    added to the verifier's score. `reward_fn(texts, golds) -> (scores, metrics)` replaces the math grader's
+    `reward_functions`: your reward functions in TRL's convention (`fn(prompts, completions, completion_ids,
+    trainer_state, solution, ...) -> [float]`, `rewards.functions`), summed with `reward.weights`, alone
+    (reward_source "functions") or added to the verifier's score ("verifier+functions"; the default "verifier"
+    becomes it, and a line on stderr says so). `reward_fn(texts, golds) -> (scores, metrics)` replaces the math grader's
     rewards (e.g. a custom verifier); `on_metrics(iteration, metrics)` sees every iteration's metrics.
     """
     run = build_run(config, reward_fn, reward_functions)
@@ -332,7 +299,7 @@ def train(
         "num_eval_problems": len(run.eval_prompts),
     }
     total = settings.total_iterations
-    progress = Progress(
+    progress = reporting.Progress(
         total,
         initial_step=run.start_iteration,
         keys=("rollout/accuracy", "eval/accuracy", "rollout/rewards", "train/policy_loss"),
@@ -347,6 +314,7 @@ def train(
             )
         if run.warmstart_metrics:
             run.logger.log(0, run.warmstart_metrics)
+        if "warmstart/eval_accuracy_after" in run.warmstart_metrics:  # absent: no held-out problem
             progress.write(
                 "warm-start: greedy eval accuracy {:.3f} -> {:.3f} in {:.0f} s".format(
                     run.warmstart_metrics["warmstart/eval_accuracy_before"],
@@ -362,7 +330,10 @@ def train(
             summary["eval_start"] = metrics
             progress.update(0, metrics)
         for iteration in range(run.start_iteration + 1, total + 1):
-            state, host, metrics = train_iteration(state, host, iteration, source, run.batches, run.update, settings)
+            tables = settings.log_completions_every and not iteration % settings.log_completions_every
+            table = functools.partial(run.logger.log_completions, iteration) if tables else None
+            args = (state, host, iteration, source, run.batches, run.update, settings)
+            state, host, metrics = train_iteration(*args, completions=table)
             last = iteration == total
             if settings.eval_interval and (iteration % settings.eval_interval == 0 or last):
                 with source.current_weights():

@@ -7,6 +7,7 @@
       warmstart_model/   the policy after the supervised warm-start (Hugging Face format)
       checkpoints/       Orbax checkpoints, one folder per step (train/checkpoint)
       metrics.jsonl      every logged metric, one JSON object per step (and tensorboard's event files beside it)
+      completions.jsonl  with log_completions: tables of training prompts, completions, rewards, one row a line
       wandb/             the wandb run, when report_to includes wandb
       samples/           held-out prompts with their completions, one file per evaluation
       final_model/       the final policy (Hugging Face format), with export_final
@@ -25,6 +26,7 @@ INITIAL_MODEL = "initial_model"
 WARMSTART_MODEL = "warmstart_model"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
+COMPLETIONS = "completions.jsonl"
 WANDB = "wandb"
 SAMPLES = "samples"
 FINAL_MODEL = "final_model"
@@ -45,6 +47,7 @@ LAYOUT = (
     WARMSTART_MODEL,
     CHECKPOINTS,
     METRICS,
+    COMPLETIONS,
     WANDB,
     SAMPLES,
     FINAL_MODEL,

@@ -399,7 +399,7 @@ def sigmoid_records(steps, r0, a, c_mid, b, entropy=None, length=None):
         accuracy = r0 if step == 0 else r0 + (a - r0) / (1 + (c_mid / step) ** b)
         if step:
             records.append(
-                {"step": step, "time": 0.0, "rollout/rewards": 0.5, "train/entropy_loss": entropy + step / 1000,
+                {"step": step, "time": 0.0, "rollout/rewards": 0.5, "train/entropy": entropy + step / 1000,
                  "rollout/response_length": length + step}
             )  # fmt: skip
         records.append(eval_record(step, round(accuracy, 3)))

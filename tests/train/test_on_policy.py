@@ -42,5 +42,5 @@ def test_one_minibatch_one_epoch_trains_on_policy_every_iteration(
         assert metrics["train/approx_kl"] < ROUNDING, (iteration, metrics)
         assert metrics["train/clip_fraction"] == 0.0, (iteration, metrics)
     # The runs trained: what they logged changes across iterations (a run that never updated would pass above).
-    entropies = np.array([m["train/entropy_loss"] for _, m in history])
+    entropies = np.array([m["train/entropy"] for _, m in history])
     assert np.ptp(entropies) > 10 * ROUNDING, entropies

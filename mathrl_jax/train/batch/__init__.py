@@ -10,6 +10,8 @@ from mathrl_jax.train.batch._control import control_rewards, shuffled_rewards
 from mathrl_jax.train.batch._prepare import (
     BatchMaker,
     action_indices,
+    advantage_statistics,
+    batch_metrics_on_host,
     mesh_context,
     prepare_batch,
 )
@@ -20,6 +22,8 @@ __all__ = [
     "BatchSettings",
     "DapoSettings",
     "action_indices",
+    "advantage_statistics",
+    "batch_metrics_on_host",
     "compute_advantages",
     "control_rewards",
     "shuffled_rewards",

@@ -16,10 +16,14 @@ main process only (`mathrl_jax.sharding.distributed.is_main_process`):
 
 Metric names are free strings; `_names.METRIC_NAMES` lists every name the training loop
 logs (`mathrl_jax.train.loop`), named as in the reference systems (verl, OpenR,
-AReaL) where they have one. A name with a `{k}` stands for a family
+AReaL) where they have one (and TRL's, in each meaning). A name with a `{k}` stands for a family
 (`eval/pass@{k}`: `eval/pass@1`, `eval/pass@8`, ...); `documented_name` maps a
 logged name to its entry. A custom `reward_fn`'s own `rollout/...` metrics are
 logged too, under its names.
+
+`log_completions(step, rows)` appends a completion table (`_dashboard.completion_rows`: TRL's `log_completions`) to
+`<logdir>/completions.jsonl`, one JSON object per row, and sends it to the trackers: tensorboard as a text summary
+(a Markdown table, tag `completions`), wandb as a `wandb.Table` (key `completions`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from typing import Self  # Python >= 3.11; annotations only
 
 JSONL_NAME = run_directory.METRICS
+COMPLETIONS_NAME = run_directory.COMPLETIONS
 RESERVED_KEYS = ("step", "time")
 
 
@@ -140,6 +145,7 @@ class MetricsLogger:
         self.logdir = os.path.abspath(os.fspath(logdir))
         self.active = is_main_process() if main_process is None else bool(main_process)
         self.jsonl_path = os.path.join(self.logdir, JSONL_NAME) if jsonl else None
+        self.completions_path = os.path.join(self.logdir, COMPLETIONS_NAME) if jsonl else None
         self.resumed_from = None if resumed_from is None else check_step(resumed_from, "resumed_from")
         self._writer = None
         self._wandb = None
@@ -153,6 +159,7 @@ class MetricsLogger:
         if jsonl:
             if self.resumed_from is not None:
                 drop_records_after(self.jsonl_path, self.resumed_from)
+                drop_records_after(self.completions_path, self.resumed_from)  # its rows hold their step too
             self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -187,6 +194,25 @@ class MetricsLogger:
                 record[name] = value if isinstance(value, int) or math.isfinite(value) else None
             self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
             self._jsonl.flush()
+
+    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Records a completion table at `step` (see the module docstring): `rows`, dicts of the columns of
+        `_dashboard.TABLE_COLUMNS` (each with its "step"), appended to completions.jsonl and flushed."""
+        from mathrl_jax.train.reporting._dashboard import TABLE_COLUMNS, markdown_table
+
+        if self._closed:
+            raise RuntimeError(f"MetricsLogger({self.logdir!r}) is closed")
+        if not self.active or not rows:
+            return
+        step = check_step(step)
+        if self.completions_path is not None:
+            with open(self.completions_path, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(row, allow_nan=False) + "\n" for row in rows))
+        if self._writer is not None:
+            self._writer.add_text("completions", markdown_table(rows), global_step=step)
+            self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log_table(step, "completions", TABLE_COLUMNS, [[row[c] for c in TABLE_COLUMNS] for row in rows])
 
     def close(self) -> None:
         """Flushes and closes the files; idempotent."""

@@ -66,5 +66,11 @@ class WandbWriter:
     def log(self, step: int, values: Mapping[str, int | float]) -> None:
         self.run.log(dict(values), step=step)
 
+    def log_table(self, step: int, key: str, columns, data) -> None:
+        """A `wandb.Table` of `columns` and rows `data` at `step`, under `key` (the completion table)."""
+        import wandb
+
+        self.run.log({key: wandb.Table(columns=list(columns), data=[list(row) for row in data])}, step=step)
+
     def close(self) -> None:
         self.run.finish()

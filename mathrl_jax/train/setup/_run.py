@@ -27,6 +27,8 @@ class RunSettings:
     shuffle_rewards: the control run (`batch.control_rewards`).
     max_new_tokens, prompts_per_iteration: named by the out-of-memory message, beside the batch's settings (the
       options that size the trainer's passes).
+    log_completions_every: a completion table every this many iterations (`log_completions`), 0 for none;
+      num_completions_to_print rows each.
     """
 
     run_dir: str
@@ -41,6 +43,8 @@ class RunSettings:
     shuffle_rewards: bool = False
     max_new_tokens: int = 1
     prompts_per_iteration: int = 1
+    log_completions_every: int = 0
+    num_completions_to_print: int = 8
 
     def __post_init__(self):
         if self.total_iterations < 0 or self.eval_interval < 0 or self.log_interval < 1 or self.max_staleness < 0:

@@ -57,11 +57,13 @@ def build_trainer(config, start_dir: str) -> Trainer:
     params = sharding.shard_tree(params, mesh, rules)
     algorithm = sections.algorithm_of(config)
     optimizer_settings, critic_optimizer_settings = sections.optimizer_settings_of(config)
-    optimizer = state_lib.make_optimizer(**optimizer_settings)
+    optimizer, schedule = state_lib.make_optimizer(**optimizer_settings, return_schedule=True)
     critic_graphdef, critic_params, critic_frozen = _critic(config, algorithm, model, frozen, start_dir, numerics)
     if critic_params is not None:
         critic_params = sharding.shard_tree(critic_params, mesh, rules)
-    critic_optimizer = state_lib.make_optimizer(**critic_optimizer_settings) if algorithm.critic else None
+    critic_optimizer, critic_schedule = None, None
+    if algorithm.critic:
+        critic_optimizer, critic_schedule = state_lib.make_optimizer(**critic_optimizer_settings, return_schedule=True)
     state = state_lib.create_train_state(
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
@@ -74,6 +76,8 @@ def build_trainer(config, start_dir: str) -> Trainer:
         critic_optimizer=critic_optimizer,
         critic_graphdef=critic_graphdef,
         critic_shares_base=critic_frozen is not None,
+        learning_rate=schedule,  # the rates logged (train/lr, train/value_lr)
+        critic_learning_rate=critic_schedule,
         # The asynchronous generator samples with the params the learner is updating: donating them to the
         # update would free buffers another thread is reading.
         donate=not sections.runs_ahead(config),

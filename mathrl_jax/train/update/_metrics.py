@@ -7,20 +7,25 @@ No metric depends on how a minibatch is cut into micro-batches:
   * every other metric is a mean over a micro-batch's units (tokens, actions or value entries), averaged
     weighted by the unit counts.
 Over the minibatch steps: means by the tokens they are over, loss shares by the whole minibatch's tokens, and
-per-step quantities (`STEP_METRICS`) over the steps that hold a response token.
+per-step quantities (`STEP_METRICS`) over the steps that hold a response token, the learning rates (`SCHEDULED`)
+over every step. A step that trains no token (`skip_zero_advantage` with every advantage of its rows 0, DAPO's filter
+leaving none) measures nothing and weighs nothing; `minibatches_trained` counts the others (the loop logs none of the
+policy's measurements of an update that trained none: `reporting.measured_update_metrics`).
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 # Per-minibatch quantities, not token averages: averaged over the minibatches that hold a response token.
 STEP_METRICS = ("loss", "grad_norm", "value_grad_norm", "applied_fraction")
 LOSS_SHARES = ("policy_loss", "kl", "value_loss")
 MAXIMA = ("importance_weight_max",)
+SCHEDULED = ("lr", "value_lr")  # the optimizers' learning rates: the plain mean over the steps
 
 
 def _combine(key: str, values: jax.Array, weights: jax.Array) -> jax.Array:
@@ -53,16 +58,31 @@ def over_steps(per_step: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
     step trained on) and `all_tokens` (its minibatch's: more with `skip_zero_advantage`)."""
     per_step = dict(per_step)
     tokens, all_tokens = per_step.pop("tokens"), per_step.pop("all_tokens")
+    trained = (tokens > 0).astype(jnp.float32)  # the steps that trained a token: the others measured nothing
+    scheduled = {k: per_step.pop(k) for k in SCHEDULED if k in per_step}
     shares = {k: v for k, v in per_step.items() if k in LOSS_SHARES}
     token_means = {k: v for k, v in per_step.items() if k not in STEP_METRICS and k not in LOSS_SHARES}
     step_values = {k: v for k, v in per_step.items() if k in STEP_METRICS}
     metrics = weighted_mean(token_means, tokens)  # each minibatch by the tokens its means are over
-    metrics.update(weighted_mean(shares, all_tokens))  # a loss is over its whole minibatch
+    metrics.update(weighted_mean(shares, all_tokens * trained))  # a loss is over its whole minibatch
     metrics.update({k: jnp.max(v) for k, v in per_step.items() if k in MAXIMA})
-    metrics.update(weighted_mean(step_values, (all_tokens > 0).astype(jnp.float32)))
+    metrics.update(weighted_mean(step_values, trained))
+    metrics.update({k: jnp.mean(v) for k, v in scheduled.items()})
     total = jnp.sum(all_tokens)
     metrics["trained_token_fraction"] = jnp.where(total > 0, jnp.sum(tokens) / jnp.maximum(total, 1.0), 0.0)
+    metrics["minibatches_trained"] = jnp.sum(trained)
     return metrics
+
+
+def scheduled_learning_rate(schedule: Optional[Callable], opt_state: Any) -> Optional[jax.Array]:
+    """The learning rate `schedule` gives the optimizer's next step: `schedule(count)`, `count` the steps the
+    optimizer took (its `optax.ScaleByScheduleState`, which a skipped step does not advance). None without a
+    schedule, or an optimizer state that holds no schedule's count."""
+    if schedule is None:
+        return None
+    is_count = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    counts = [x.count for x in jax.tree_util.tree_leaves(opt_state, is_leaf=is_count) if is_count(x)]
+    return None if not counts else jnp.asarray(schedule(counts[0]), jnp.float32)
 
 
 def explained_variance(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:

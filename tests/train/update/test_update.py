@@ -305,9 +305,9 @@ def test_padding_rows_do_not_dilute_the_metrics():
     cfg = UpdateConfig(num_mini_batch=1, kl_coef=0.1)
     _, plain = run_update(cfg, batch, optax.sgd(0.0))
     _, split = run_update(dataclasses.replace(cfg, micro_batch_size=2), padded, optax.sgd(0.0))
-    for key in ("entropy_loss", "importance_weight", "approx_kl", "kl", "clip_fraction"):
+    for key in ("entropy", "importance_weight", "approx_kl", "kl", "clip_fraction"):
         np.testing.assert_allclose(split[key], plain[key], rtol=1e-5, atol=1e-7, err_msg=key)
-    assert float(plain["entropy_loss"]) > 1.0
+    assert float(plain["entropy"]) > 1.0
     np.testing.assert_allclose(split["grad_norm"], plain["grad_norm"], rtol=1e-5)
 
 
