@@ -34,8 +34,11 @@ from mathrl_jax.losses.advantages import (
     rloo_advantages,
 )
 from mathrl_jax.losses.aggregate import (
+    LOSS_AGG_MODE_NAMES,
     LOSS_AGG_MODES,
+    TRL_LOSS_TYPES,
     aggregate_loss,
+    canonical_loss_agg_mode,
     loss_denominator,
     loss_numerator,
     masked_mean,

@@ -19,6 +19,24 @@ the mean over sequences of each token sum divided by a constant. verl's
 i.e. it is B times this loss for a batch of B sequences (the gradient direction
 is the same; its scale grows with the batch).
 
+TRL's `loss_type` names are accepted too (`TRL_LOSS_TYPES`, `canonical_loss_agg_mode`), each meaning the mode
+above that computes TRL's `GRPOTrainer._compute_loss` formula (l the per-token loss, m the completion mask, B
+the rows, L_max = `max_completion_length`):
+
+| TRL `loss_type` | TRL's formula                                  | mode here                                      |
+|-----------------|------------------------------------------------|------------------------------------------------|
+| `grpo`          | mean_b [ sum_t m l / max(sum_t m, 1) ]         | `seq-mean-token-mean`                          |
+| `dr_grpo`       | sum_{b,t} m l / (B L_max)                      | `seq-mean-token-sum-norm`, C = L_max           |
+| `dapo`          | sum_{b,t} m l / (tokens of the whole batch)    | `token-mean` (over the optimizer step's batch) |
+| `bnpo`          | sum_{b,t} m l / max(sum_{b,t} m, 1), per       | `token-mean`                                   |
+|                 | local micro-batch, averaged over accumulation  |                                                |
+
+Two differences. TRL's `bnpo` divides each local micro-batch by its own token count and averages those over
+gradient accumulation; `token-mean` here divides the whole minibatch's sum by the minibatch's token count (exact
+over micro-batches: see below), which is TRL's `dapo`. And TRL's sequence means count every row, one whose mask is
+all zero (e.g. `mask_truncated_completions`) included, where "mean_b" here skips such rows: with every row
+counted, the two agree.
+
 Every mode is `numerator / denominator` where the denominator depends only on
 the mask. `loss_denominator` computes it for a whole minibatch; passing that
 value as `denominator=` to a loss evaluated on each micro-batch makes the sum of
@@ -38,6 +56,27 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
+
+TRL_LOSS_TYPES = {
+    "grpo": "seq-mean-token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+}
+"""TRL's `GRPOConfig.loss_type` names, each mapped to the mode here that computes its formula (module table)."""
+
+LOSS_AGG_MODE_NAMES = LOSS_AGG_MODES + tuple(TRL_LOSS_TYPES)
+"""Every accepted spelling of a `loss_agg_mode`: the modes and TRL's `loss_type` names."""
+
+
+def canonical_loss_agg_mode(name: str) -> str:
+    """The mode `name` means: itself for one of `LOSS_AGG_MODES`, the mode of a TRL `loss_type`
+    (`TRL_LOSS_TYPES`); a ValueError naming the accepted ones otherwise."""
+    if name in LOSS_AGG_MODES:
+        return name
+    if name in TRL_LOSS_TYPES:
+        return TRL_LOSS_TYPES[name]
+    raise ValueError(f"unknown loss_agg_mode {name!r}; expected one of {', '.join(LOSS_AGG_MODE_NAMES)}")
 
 
 def masked_sum(x: chex.Array, mask: chex.Array, axis=None) -> chex.Array:

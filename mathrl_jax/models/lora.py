@@ -11,6 +11,12 @@ unchanged: `lora_a` is `[in, r]` (PEFT's `lora_A.weight` `[r, in]`, transposed),
 `lora_B.weight` `[out, r]`, transposed); A is uniform in +-1/sqrt(in) (torch's `kaiming_uniform_(a=sqrt(5))`),
 B is 0, so a fresh adapter leaves the model unchanged. Adapters are float32 whatever the base's dtype (PEFT's
 `autocast_adapter_dtype`): they are small, and bf16 steps on them would be lost to rounding.
+
+Dropout (PEFT's `lora_dropout`) is off unless a pass asks for it (`with_dropout(model, rate, key)`, which the
+trainer's update does): then each adapter computes `W x + (alpha / r) B A dropout(x)`, the base term untouched,
+with inverted dropout `dropout(x) = x * keep / (1 - p)`, keep ~ Bernoulli(1 - p) per entry, drawn from its own
+key (`adapter_dropout_key`). A model no pass gave a key to (sampling, evaluation, merging, the reference) has no
+dropout and the same program as before.
 """
 
 from __future__ import annotations
@@ -73,7 +79,48 @@ class LoRALinear(nnx.Linear):
         self.scaling = alpha / rank
 
     def __call__(self, x):
-        return super().__call__(x) + (self.scaling * self.lora(x)).astype(x.dtype)
+        key = getattr(self, "dropout_key", None)  # set by `with_dropout` for one training pass
+        lora_input = x if key is None else dropout(x, self.dropout_rate, jax.random.wrap_key_data(key.get_value()))
+        return super().__call__(x) + (self.scaling * self.lora(lora_input)).astype(x.dtype)
+
+
+class DropoutKey(nnx.Variable):
+    """The raw key data of one adapter's dropout in one training pass (`with_dropout`): no parameter, never
+    trained or saved (the model it sits on is built for the pass and dropped after it)."""
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+    """Inverted dropout, as torch's `nn.Dropout` in training mode (PEFT's `lora_dropout`):
+    x * keep / (1 - rate), keep ~ Bernoulli(1 - rate) per entry of `x` (`dropout_mask`), in `x`'s dtype."""
+    keep = dropout_mask(key, rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def dropout_mask(key: jax.Array, rate: float, shape) -> jax.Array:
+    """`shape` bool: True where an entry is kept (probability 1 - rate)."""
+    return jax.random.bernoulli(key, 1.0 - rate, shape)
+
+
+def adapter_dropout_key(key: jax.Array, path) -> jax.Array:
+    """The dropout key of the adapter at module `path` (a tuple of keys, as `nnx.iter_modules` gives it): `key`
+    folded with a hash of the path, so each adapter (q, k and v of one layer included) draws its own mask."""
+    return jax.random.fold_in(key, zlib.crc32("/".join(str(k) for k in path).encode()))
+
+
+def with_dropout(model: nnx.Module, rate: float, key: jax.Array) -> nnx.Module:
+    """`model` (in place, and returned) with dropout of probability `rate` on every adapter's input for the passes
+    it makes from now on, each adapter's mask drawn from `adapter_dropout_key(key, path)`. `rate` 0 leaves it
+    as it is. Meant for a model built for one pass (`nnx.merge` inside the jitted update), which a new key each
+    pass then gives new masks."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"LoRA dropout {rate!r}: expected a probability in [0, 1)")
+    if rate == 0.0:
+        return model
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, LoRALinear):
+            module.dropout_rate = float(rate)
+            module.dropout_key = DropoutKey(jax.random.key_data(adapter_dropout_key(key, path)))
+    return model
 
 
 def is_adapter(path) -> bool:

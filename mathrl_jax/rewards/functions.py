@@ -4,14 +4,20 @@ names a file and a function) or passed in Python (`loop.train(config, reward_fun
 
 Each is called as TRL calls its reward functions:
 
-    fn(prompts=[str], completions=[str], question=[...], answer=[...], solution=[...], level=[...],
+    fn(prompts=[str], completions=[str], completion_ids=[[int]], trainer_state=TrainerState(...),
+       question=[...], answer=[...], solution=[...], ground_truth=[...], worked_solution=[...], level=[...],
        subject=[...], uid=[...]) -> list of floats
 
 one entry per completion (a prompt repeated once per sample of its group), the problem's fields as keyword lists
-(`PROBLEM_COLUMNS`); a function takes the ones it needs and `**kwargs` for the rest. A `None` entry means "not
-scored by this function" (TRL's convention): it adds 0 and is left out of the function's logged mean. The reward
-of a completion is the weighted sum over the functions (`reward.weights`, TRL's `reward_weights`; default 1
-each), plus the math verifier's score where `reward_source` is "verifier+functions".
+(`PROBLEM_COLUMNS`); a function takes the ones it needs and `**kwargs` for the rest. `completion_ids` are each
+completion's token ids (its EOS included, as TRL's), `trainer_state` says where the run is (`TrainerState`:
+`global_step`, `epoch`, `max_steps`, as transformers' `TrainerState`), both as TRL passes them. The gold final
+answer arrives as `answer`, as `solution` (what open-r1's and TRL's `accuracy_reward` parse with math-verify) and
+as `ground_truth` (verl's name); the dataset's worked solution, where it has one, as `worked_solution`.
+
+A `None` entry means "not scored by this function" (TRL's convention): it adds 0 and is left out of the function's
+logged mean. The reward of a completion is the weighted sum over the functions (`reward.weights`, TRL's
+`reward_weights`; default 1 each), plus the math verifier's score where `reward_source` is "verifier+functions".
 
 Every result is checked (`check_result`): a list or tuple of one entry per completion, each a real number (a
 bool counts as 1 or 0; numpy scalars too) or None, or a numeric array of shape `(n,)` (numpy, or anything with
@@ -40,6 +46,7 @@ function. How a call is bounded depends on how the function was given:
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import math
 import numbers
 import reprlib
@@ -58,14 +65,37 @@ __all__ = [
     "PROBLEM_COLUMNS",
     "RewardFunctionError",
     "RewardFunctions",
+    "TrainerState",
     "check_result",
     "load_reward_function",
     "parse_weights",
+    "problem_columns",
     "split_spec",
 ]
 
-PROBLEM_COLUMNS = ("question", "answer", "solution", "level", "subject", "uid")
-"""The fields of `data.layouts.Problem` each function receives, as lists aligned with the completions."""
+PROBLEM_COLUMNS = ("question", "answer", "solution", "ground_truth", "worked_solution", "level", "subject", "uid")
+"""The problem's columns each function receives, as lists aligned with the completions (`problem_columns`)."""
+
+_COLUMN_FIELDS = {"solution": "answer", "ground_truth": "answer", "worked_solution": "solution"}
+"""The `data.layouts.Problem` field behind each column not named as one: the gold answer is `solution` too."""
+
+
+def problem_columns(problems: Sequence[Any]) -> Dict[str, list]:
+    """`{column: [value per problem]}` of `PROBLEM_COLUMNS`: `answer`, `solution` and `ground_truth` the gold final
+    answer (`Problem.answer`), `worked_solution` the dataset's worked solution (`Problem.solution`, or None)."""
+    return {c: [getattr(p, _COLUMN_FIELDS.get(c, c)) for p in problems] for c in PROBLEM_COLUMNS}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """Where the run is when a batch is scored, as the fields of transformers' `TrainerState` that TRL's reward
+    functions read: `global_step` the updates done before this batch (0 at the first), `max_steps` the run's
+    iterations, `epoch` the passes over the training problems done so far (fractional)."""
+
+    global_step: int = 0
+    epoch: float = 0.0
+    max_steps: int = 0
+
 
 DEFAULT_TIMEOUT_S = 60.0
 """The longest one call may take, in Python; a run takes `reward.function_timeout_s`."""
@@ -246,8 +276,9 @@ def _close_all(callers) -> None:
 
 class RewardFunctions:
     """The weighted sum of reward functions: `(prompts, completions, problems) -> (scores [N], metrics)`, with each
-    function's mean in the metrics (`rollout/function/<name>`). Each call's result is checked and each call is
-    bounded by `timeout_s` (the module's docstring says how); `close()` ends the functions' processes."""
+    function's mean and std in the metrics (`rollout/function/<name>`, `rollout/function_std/<name>`). Each call's
+    result is checked and each call is bounded by `timeout_s` (the module's docstring says how); `close()` ends the
+    functions' processes."""
 
     def __init__(
         self,
@@ -255,6 +286,7 @@ class RewardFunctions:
         weights: Sequence[float],
         names: Sequence[str] = (),
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_steps: int = 0,
     ):
         if not functions:
             raise RewardFunctionError("no reward functions")
@@ -263,6 +295,7 @@ class RewardFunctions:
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
             raise RewardFunctionError(f"reward function timeout {timeout_s!r}: expected a finite number of seconds > 0")
         self.timeout_s = float(timeout_s)
+        self.max_steps = int(max_steps)  # `TrainerState.max_steps`
         self.weights = tuple(float(w) for w in weights)
         names = list(names) or [getattr(f, "__name__", f"function_{i}") for i, f in enumerate(functions)]
         # Unique names for the metrics: a.py:score and b.py:score log as score and score_2.
@@ -274,7 +307,9 @@ class RewardFunctions:
         self._finalizer = weakref.finalize(self, _close_all, list(self.callers))
 
     @classmethod
-    def from_config(cls, specs: str, weights: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> "RewardFunctions":
+    def from_config(
+        cls, specs: str, weights: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_steps: int = 0
+    ) -> "RewardFunctions":
         """The functions `reward.functions` names, each loaded in its own process (all started at once, then
         waited for: a function that does not load raises RewardFunctionError, its processes ended)."""
         names = [s.strip() for s in str(specs).split(",") if s.strip()]
@@ -290,18 +325,34 @@ class RewardFunctions:
         except BaseException:
             _close_all(callers)
             raise
-        return cls(callers, parsed, [s.rpartition(":")[2] for s in names], timeout_s)
+        return cls(callers, parsed, [s.rpartition(":")[2] for s in names], timeout_s, max_steps)
 
-    def __call__(self, prompts: List[str], completions: List[str], problems: Sequence[Any]):
-        columns = {field: [getattr(p, field) for p in problems] for field in PROBLEM_COLUMNS}
+    def __call__(
+        self,
+        prompts: List[str],
+        completions: List[str],
+        problems: Sequence[Any],
+        *,
+        completion_ids: Sequence[Sequence[int]] = None,
+        global_step: int = 0,
+        epoch: float = 0.0,
+    ):
+        """Scores `completions` (`completion_ids`: their token ids; None passes None); `global_step` and `epoch`
+        make the functions' `trainer_state` with this run's `max_steps`."""
+        columns = problem_columns(problems)
+        ids = None if completion_ids is None else [[int(t) for t in row] for row in completion_ids]
+        state = TrainerState(global_step=int(global_step), epoch=float(epoch), max_steps=self.max_steps)
         total = np.zeros(len(completions), np.float64)
         metrics: Dict[str, float] = {}
         for caller, weight, name in zip(self.callers, self.weights, self.names):
-            kwargs = dict(prompts=list(prompts), completions=list(completions), **columns)
+            kwargs = dict(
+                prompts=list(prompts), completions=list(completions), completion_ids=ids, trainer_state=state, **columns
+            )
             values, scored = check_result(caller.label, caller(kwargs, self.timeout_s), len(completions))
             total += weight * values
-            if scored.any():
+            if scored.any():  # TRL's rewards/{name}/mean and rewards/{name}/std, over the completions it scored
                 metrics[f"rollout/function/{name}"] = float(values[scored].mean())
+                metrics[f"rollout/function_std/{name}"] = float(values[scored].std())
         with np.errstate(over="ignore"):
             scores = total.astype(np.float32)
         if not np.all(np.isfinite(scores)):

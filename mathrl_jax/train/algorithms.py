@@ -13,6 +13,13 @@
 | `rloo`           | leave-one-out baseline, n/(n-1) (s - mean_g) (RLOO)    | `ppo`                           |
 | `reinforce_pp`   | group mean removed, whitened over the batch's tokens   | `ppo`                           |
 |                  | (REINFORCE++-baseline, verl's estimator)               |                                 |
+| `gspo`           | group-relative, as `grpo`                              | `gspo` (one length-normalised   |
+|                  |                                                        | ratio per sequence, clipped)    |
+
+`gspo` is GSPO (Zheng et al. 2025): TRL's GRPOTrainer with `importance_sampling_level="sequence"`, verl's
+`policy_loss.loss_mode=gspo` (`compute_policy_loss_gspo`). It clips at `clip_low` / `clip_high` as they do (the
+paper's 3e-4 / 4e-4 are `--config.clip_low=3e-4 --config.clip_high=4e-4`; its aggregation
+`--config.loss_agg_mode=seq-mean-token-mean`, TRL's `grpo`).
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ ALGORITHMS = {
     # verl's adv_estimator=rloo and reinforce_plus_plus_baseline, with its PPO actor loss; TRL's RLOOTrainer too.
     "rloo": Algorithm("rloo", "ppo", groups=True),
     "reinforce_pp": Algorithm("reinforce_plus_plus_baseline", "ppo", groups=True),
+    # GSPO: GRPO's advantages, the sequence-level ratio (TRL importance_sampling_level="sequence", verl gspo).
+    "gspo": Algorithm("grpo", "gspo", groups=True),
 }
 NAMES = tuple(ALGORITHMS)
 

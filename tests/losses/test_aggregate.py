@@ -10,8 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mathrl_jax.losses import (
+    LOSS_AGG_MODE_NAMES,
     LOSS_AGG_MODES,
+    TRL_LOSS_TYPES,
     aggregate_loss,
+    canonical_loss_agg_mode,
     loss_denominator,
     loss_numerator,
     masked_mean,
@@ -325,3 +328,50 @@ def test_nonfinite_masked_entries_do_not_leak():
     g = np.asarray(jax.jit(jax.grad(masked_mean))(x, m))
     assert np.all(np.isfinite(g))
     np.testing.assert_allclose(g, m / 4.0, rtol=1e-6)
+
+
+def _trl_loss(loss_type, per_token_loss, mask, max_completion_length, micro_batches=1):
+    """TRL's `GRPOTrainer._compute_loss` aggregation (one process), written out: `grpo`, `dr_grpo`, `dapo` (over
+    the whole batch's tokens, `num_items_in_batch`), `bnpo` (each micro-batch by its own tokens, averaged over
+    gradient accumulation)."""
+    l, m = np.asarray(per_token_loss, np.float64), np.asarray(mask, np.float64)
+    if loss_type == "grpo":
+        return ((l * m).sum(-1) / np.maximum(m.sum(-1), 1.0)).mean()
+    if loss_type == "dr_grpo":
+        return (l * m).sum() / (l.shape[0] * max_completion_length)
+    if loss_type == "dapo":
+        return (l * m).sum() / m.sum()
+    chunks = zip(np.split(l, micro_batches), np.split(m, micro_batches))
+    return np.mean([(lc * mc).sum() / max(mc.sum(), 1.0) for lc, mc in chunks])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+@given(seed=SEEDS)
+def test_trl_loss_types_are_the_modes_that_compute_trls_formulas(loss_type, seed):
+    """Each TRL `loss_type` name, as `canonical_loss_agg_mode` reads it (with the trainer's norm constant, the
+    generation budget, for dr_grpo), aggregates as TRL's formula does, on batches whose every row holds a token
+    (TRL's sequence means count empty rows too). bnpo agrees on one micro-batch; over several, TRL averages each
+    micro-batch's token mean, where token-mean here is the whole minibatch's (TRL's dapo)."""
+    rng = np.random.RandomState(seed)
+    mask = random_mask(rng, empty_row_prob=0.0)
+    mask[:, 0] = 1.0
+    loss = random_loss(rng)
+    max_completion_length = T + 3  # the budget, beyond the batch's padded width
+    mode = canonical_loss_agg_mode(loss_type)
+    assert mode in LOSS_AGG_MODES and loss_type in LOSS_AGG_MODE_NAMES and TRL_LOSS_TYPES[loss_type] == mode
+    norm = float(max_completion_length) if mode == "seq-mean-token-sum-norm" else None
+    got = float(aggregate_loss(jnp.asarray(loss), jnp.asarray(mask), mode, norm_constant=norm))
+    np.testing.assert_allclose(got, _trl_loss(loss_type, loss, mask, max_completion_length), rtol=1e-5, atol=1e-6)
+    if loss_type == "bnpo":  # the one documented difference: per-micro-batch means vs the minibatch's
+        uneven = mask.copy()
+        uneven[: B // 2, 1:] = 0.0  # first half: one token a row; second half: many
+        whole = float(aggregate_loss(jnp.asarray(loss), jnp.asarray(uneven), mode))
+        np.testing.assert_allclose(whole, _trl_loss("dapo", loss, uneven, max_completion_length), rtol=1e-5, atol=1e-6)
+        trl_two_micro_batches = _trl_loss("bnpo", loss, uneven, max_completion_length, micro_batches=2)
+        assert not np.isclose(whole, trl_two_micro_batches, rtol=1e-4)
+
+
+def test_canonical_loss_agg_mode_keeps_ours_and_refuses_unknown_names():
+    assert [canonical_loss_agg_mode(m) for m in LOSS_AGG_MODES] == list(LOSS_AGG_MODES)
+    with pytest.raises(ValueError, match="unknown loss_agg_mode 'sum'.*dr_grpo"):
+        canonical_loss_agg_mode("sum")

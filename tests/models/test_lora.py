@@ -2,6 +2,7 @@
 peft as the reference), the partition rules place adapters like their base weights."""
 
 import dataclasses
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -173,3 +174,69 @@ def test_a_critic_on_the_frozen_base_is_the_plain_trunk_under_openrs_mlp_head(ba
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     adapted_hidden, _ = policy.model(_ids(), *full_sequence_attention(_ids()))
     assert np.abs(np.asarray(adapted_hidden) - x).max() > 0.1  # the adapters would have changed them
+
+
+def _linear(rank=3, alpha=6.0, n_in=16, n_out=5):
+    layer = lora.LoRALinear(n_in, n_out, rank=rank, alpha=alpha, use_bias=True, rngs=nnx.Rngs(0))
+    layer.lora.lora_b.set_value(jax.random.normal(jax.random.key(7), layer.lora.lora_b.get_value().shape))
+    return layer
+
+
+def test_adapter_dropout_is_peft_lora_dropout_before_a_with_its_documented_mask():
+    """PEFT's LoRA layer in training mode: W x + b + (alpha / r) B A dropout(x), inverted dropout on the adapter's
+    input only, the mask drawn from `adapter_dropout_key(key, path)`; computed here in NumPy from the weights."""
+    rate, key = 0.3, jax.random.key(11)
+    layer = _linear()
+    x = np.random.default_rng(0).normal(size=(6, 16)).astype(np.float32)
+    plain = np.asarray(layer(jnp.asarray(x)))
+    got = np.asarray(lora.with_dropout(layer, rate, key)(jnp.asarray(x)))
+    # A lone layer's path is (): its key is `key` folded with crc32 of "".
+    keep = np.asarray(jax.random.bernoulli(jax.random.fold_in(key, zlib.crc32(b"")), 1 - rate, x.shape))
+    kernel, bias = np.asarray(layer.kernel.get_value()), np.asarray(layer.bias.get_value())
+    a, b = np.asarray(layer.lora.lora_a.get_value()), np.asarray(layer.lora.lora_b.get_value())
+    want = x @ kernel + bias + (6.0 / 3) * ((x * keep / (1 - rate)) @ a @ b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert 0 < keep.mean() < 1 and not np.allclose(got, plain)  # some entries dropped, the output moved
+    # The base term is untouched: with B = 0 dropout changes nothing.
+    layer.lora.lora_b.set_value(jnp.zeros_like(layer.lora.lora_b.get_value()))
+    np.testing.assert_allclose(np.asarray(layer(jnp.asarray(x))), x @ kernel + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_adapter_dropout_is_unbiased_and_zero_rate_changes_nothing():
+    """E[dropout(x)] = x, so the mean adapted output over many keys approaches the output without dropout (within
+    a bound of 5 standard errors), while each single key's differs; rate 0 is the same program's output, and
+    a rate outside [0, 1) is refused."""
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16)).astype(np.float32))
+    plain = np.asarray(_linear()(x))
+    np.testing.assert_array_equal(np.asarray(lora.with_dropout(_linear(), 0.0, jax.random.key(0))(x)), plain)
+
+    def dropped(key):
+        return lora.with_dropout(_linear(), 0.5, key)(x)
+
+    keys = jax.random.split(jax.random.key(3), 4000)
+    outs = np.asarray(jax.vmap(dropped)(keys))
+    mean, sem = outs.mean(0), outs.std(0) / np.sqrt(len(keys))
+    assert np.all(outs.std(0) > 0)
+    assert np.all(np.abs(mean - plain) <= 5 * sem + 1e-6), np.max(np.abs(mean - plain) / sem)
+    with pytest.raises(ValueError, match="LoRA dropout 1.0"):
+        lora.with_dropout(_linear(), 1.0, jax.random.key(0))
+
+
+def test_each_adapter_of_a_model_draws_its_own_mask_and_scanned_layers_match_unrolled(base_dir):
+    """In a model, q and v of one layer and the same projection of two layers draw different masks (keys folded
+    with their paths); the scanned layers (`scan_layers`) give what the unrolled loop gives under the same key."""
+    model = _perturbed(hf.load_model(base_dir, lora_rank=4, lora_alpha=8, lora_targets=TARGETS))
+    key = jax.random.key(5)
+    paths = [p for p, m in nnx.iter_modules(model) if isinstance(m, lora.LoRALinear)]
+    masks = {p: np.asarray(lora.dropout_mask(lora.adapter_dropout_key(key, p), 0.5, (64,))) for p in paths}
+    assert len(paths) == 3 * tiny.tiny_config().num_hidden_layers
+    assert len({m.tobytes() for m in masks.values()}) == len(paths)
+    plain = np.asarray(model(_ids())[0])
+    graphdef, state = nnx.split(model)
+    unrolled = lora.with_dropout(nnx.merge(graphdef, state), 0.2, key)
+    got = np.asarray(unrolled(_ids())[0])
+    assert np.max(np.abs(got - plain)) > 1e-4
+    scanned_model = nnx.merge(graphdef, state)
+    scanned_model.model.config = dataclasses.replace(scanned_model.model.config, scan_layers=True)
+    scanned = np.asarray(lora.with_dropout(scanned_model, 0.2, key)(_ids())[0])
+    np.testing.assert_allclose(scanned, got, rtol=2e-5, atol=2e-5)

@@ -34,7 +34,13 @@ def test_the_weighted_sum_and_each_functions_mean_over_what_it_scored():
     functions = RewardFunctions([lengths, only_the_first], [0.5, 2.0])
     scores, metrics = functions(["p"] * 3, ["a", "bb", "ccc"], PROBLEMS)
     np.testing.assert_allclose(scores, [0.5 * 1 + 2.0, 0.5 * 2, 0.5 * 3])
-    assert metrics == {"rollout/function/lengths": 2.0, "rollout/function/only_the_first": 1.0}
+    # Each function's mean and (population) std over the completions it scored: lengths 1, 2, 3; the other scored one.
+    assert metrics == {
+        "rollout/function/lengths": 2.0,
+        "rollout/function_std/lengths": pytest.approx(np.sqrt(((1 - 2) ** 2 + 0 + (3 - 2) ** 2) / 3)),
+        "rollout/function/only_the_first": 1.0,
+        "rollout/function_std/only_the_first": 0.0,
+    }
 
 
 def test_functions_of_the_same_name_log_apart():
@@ -248,7 +254,7 @@ def test_a_function_named_in_the_config_loads_in_its_process_or_is_named(tmp_pat
     path = bad_results_module(tmp_path)
     with RewardFunctions.from_config(f"{path}:good", "") as functions:
         scores, metrics = functions(["p"] * 3, ["a", "bb", "ccc"], PROBLEMS)
-        assert scores.tolist() == [1.0, 2.0, 3.0] and metrics == {"rollout/function/good": 2.0}
+        assert scores.tolist() == [1.0, 2.0, 3.0] and metrics["rollout/function/good"] == 2.0
         assert functions.callers[0].process.pid != os.getpid()
     slow = tmp_path / "slow_import.py"
     slow.write_text("import time\ntime.sleep(300)\n\ndef score(prompts, completions, **kw):\n    return []\n")
@@ -301,3 +307,31 @@ def test_loading_by_module_and_by_file(tmp_path):
     assert parse_weights("", 2) == (1.0, 1.0) and parse_weights("0.5, 2", 2) == (0.5, 2.0)
     with pytest.raises(RewardFunctionError, match="expected 2 finite numbers"):
         parse_weights("1", 2)
+
+
+TRL_STYLE = """
+def trl_style(prompts, completions, completion_ids, trainer_state, solution, worked_solution, **kwargs):
+    return [
+        float(len(ids) + 10 * trainer_state.global_step + 100 * trainer_state.max_steps + (s == "2") + (w is None))
+        for ids, s, w in zip(completion_ids, solution, worked_solution)
+    ]
+"""
+
+
+@pytest.mark.parametrize("where", ["python", "process"])
+def test_trl_arguments_and_the_gold_answer_as_solution_reach_a_function(where, tmp_path):
+    """TRL's `completion_ids` and `trainer_state` (global_step, max_steps) reach a function that declares them, in
+    this process or pickled to its own; `solution` is the gold answer ("2"), the worked solution `worked_solution`
+    (None here): each shows in the value the function returns, len(ids) + 10 step + 100 max_steps + 1 + 1."""
+    if where == "python":
+        namespace = {}
+        exec(TRL_STYLE, namespace)
+        functions = RewardFunctions([namespace["trl_style"]], [1.0], max_steps=4)
+    else:
+        module = tmp_path / "trl_style.py"
+        module.write_text(TRL_STYLE)
+        functions = RewardFunctions.from_config(f"{module}:trl_style", "", max_steps=4)
+    ids = [[5, 6], [7], [8, 9, 3]]
+    with functions:
+        scores, _ = functions(["p"] * 3, ["a", "b", "c"], PROBLEMS, completion_ids=ids, global_step=2, epoch=0.5)
+    np.testing.assert_array_equal(scores, [len(i) + 20 + 400 + 2 for i in ids])

@@ -35,6 +35,7 @@ ALGORITHM_SETTINGS = {
     "async_ppo": {"max_head_offpolicyness": 1},
     "rloo": {},
     "reinforce_pp": {},
+    "gspo": {"loss_agg_mode": "grpo"},  # TRL's GSPO: importance_sampling_level="sequence", loss_type="grpo"
 }
 FAST = ("grpo", "rloo")
 

@@ -114,6 +114,7 @@ def prepare_batch(
     if s.dapo is not None:
         scores, row_mask, dapo_metrics = dapo_shaping(s.dapo, rollouts, scores, correct)
         metrics.update(dapo_metrics)
+    trains = rows_that_train(s, rollouts)  # mask_truncated_completions: applied after the advantages
     # The widest batch so far at least: the passes and the update compile once per growth, not per batch.
     floors = dict(shape_floors)
     width = max(batch_columns(s.max_length, rollouts), floors.get("width", 0))
@@ -135,26 +136,52 @@ def prepare_batch(
             row_mask=row_mask,
             gamma=s.gamma,
         )
+        host_advantages = without_truncated(host_advantages, trains)
     batch, old, ref, values = _with_passes(maker, state, arrays, passes_plan, host_advantages)
     # What the update's plan reads, from the host's own copies (row_mask applied as the device's advantages do).
-    response_mask = arrays["response_mask"] * row_mask[:, None]
+    response_mask = arrays["response_mask"] * (row_mask * trains)[:, None]
     host_masks = dict(attention_mask=arrays["attention_mask"], response_mask=response_mask)
     if row_advantages is not None:  # the source made them (multi-turn ReBN)
-        response_mask = batch["response_mask"] * jnp.asarray(row_mask)[:, None]
+        response_mask = batch["response_mask"] * jnp.asarray(row_mask * trains)[:, None]
         advantages = losses.broadcast_to_tokens(jnp.asarray(row_advantages), response_mask)
         batch.update(response_mask=response_mask, advantages=advantages)
+        metrics.update(advantage_statistics(advantages, response_mask))
         batch, floors = with_update_plan(maker, batch, host_masks, shape, rng, state, floors)
         return batch, metrics, floors
     if host_advantages is not None:
         if s.tis_cap is None:  # else the correction below scales them on the device, and the plan reads those
             host_masks["advantages"] = host_advantages["advantages"]
     else:
-        batch.update(_device_advantages(maker, rollouts, arrays, batch, scores, row_mask, values, ref, action_rewards))
+        device_advantages = _device_advantages(
+            maker, rollouts, arrays, batch, scores, row_mask, values, ref, action_rewards
+        )
+        batch.update(without_truncated(device_advantages, trains))
+    metrics.update(advantage_statistics(batch["advantages"], batch["response_mask"] * jnp.asarray(row_mask)[:, None]))
     if not s.old_logprobs_from_sampler:
         batch, mismatch = sampler_correction(s, batch, distributed.fetch(old), sampler_logprobs)
         metrics.update(mismatch)
     batch, floors = with_update_plan(maker, batch, host_masks, shape, rng, state, floors)
     return batch, metrics, floors
+
+
+def rows_that_train(settings: BatchSettings, rollouts) -> np.ndarray:
+    """`[N]` float32: 0 on a completion cut at `max_new_tokens` (finish reason "length": no EOS) with
+    `mask_truncated_completions`, 1 elsewhere.
+
+    TRL's `mask_truncated_completions` (the overlong filtering of DAPO, Yu et al. 2025): `completion_mask *=
+    ~is_truncated` after the rewards and advantages are made, so a cut completion still counts in its group's
+    mean and std but none of its tokens is a term of the loss (nor of its denominator)."""
+    if not settings.mask_truncated_completions:
+        return np.ones(len(rollouts), np.float32)
+    return np.asarray([reason != "length" for reason in rollouts.finish_reasons], np.float32)
+
+
+def without_truncated(out: Dict[str, Any], trains: np.ndarray) -> Dict[str, Any]:
+    """`out` (advantages, response mask, a critic's value mask) zeroed on the rows `trains` leaves out."""
+    if trains.all():
+        return out
+    keys = ("response_mask", "advantages", "value_mask")
+    return {k: x * trains[:, None].astype(x.dtype) if k in keys else x for k, x in out.items()}
 
 
 def _passes_plan(maker: BatchMaker, arrays, shape, floors: Dict[str, Any]):
@@ -238,6 +265,38 @@ def _device_advantages(maker: BatchMaker, rollouts, arrays, batch, scores, row_m
         action_rewards=action_rewards,
         whiten=s.whiten,
     )
+
+
+ADVANTAGE_STATISTICS = ("mean", "std", "min", "max")
+
+
+@jax.jit
+def advantage_statistics(advantages: jax.Array, mask: jax.Array) -> Dict[str, jax.Array]:
+    """`rollout/advantages_{mean,std,min,max}` of the estimator's advantages `[N, L]` over the response tokens that
+    count (`mask [N, L]` > 0, DAPO's filtered rows and multi-turn padding out), as verl's
+    `critic/advantages/{mean,max,min}` (`masked_select(advantages, response_mask)`), the std biased (over every
+    token: sum (A - mean)^2 / count). Before `tis_cap`'s weights. Device scalars, NaN where no token counts:
+    `batch_metrics_on_host` fetches them with the rest and drops those."""
+    counts = mask > 0
+    count = jnp.sum(counts)
+    a = advantages.astype(jnp.float32)
+    mean = jnp.sum(jnp.where(counts, a, 0.0)) / jnp.maximum(count, 1)
+    var = jnp.sum(jnp.where(counts, (a - mean) ** 2, 0.0)) / jnp.maximum(count, 1)
+    values = dict(
+        mean=mean,
+        std=jnp.sqrt(var),
+        min=jnp.min(jnp.where(counts, a, jnp.inf)),
+        max=jnp.max(jnp.where(counts, a, -jnp.inf)),
+    )
+    return {f"rollout/advantages_{k}": jnp.where(count > 0, v, jnp.nan) for k, v in values.items()}
+
+
+def batch_metrics_on_host(metrics: Mapping[str, Any]) -> Dict[str, float]:
+    """`prepare_batch`'s metrics as Python floats (its device scalars fetched in one transfer, after the update
+    has them computed), without the advantage statistics of a batch where no token counts (absent, not NaN)."""
+    fetched = distributed.fetch(dict(metrics))
+    values = {k: float(np.asarray(v)) for k, v in fetched.items()}
+    return {k: v for k, v in values.items() if not (k.startswith("rollout/advantages_") and np.isnan(v))}
 
 
 ADVANTAGES_IN_TRANSIT = "advantages_made_on_the_host"

@@ -51,6 +51,8 @@ class BatchSettings:
     tis_cap: truncated importance weights min(pi_trainer / pi_sampler, C) on the advantages; None: off.
     sampler_filters: the sampler filters tokens (top_p < 1 or top_k > 0): its log-probs are not the policy's.
     dapo: DAPO's shaping, with an algorithm of `dynamic_sampling`.
+    mask_truncated_completions: a completion cut at `max_new_tokens` (finish reason "length", no EOS) leaves the
+      loss (its response mask zeroed) after the advantages are made with it in its group (TRL's option).
     """
 
     algorithm: algorithms.Algorithm
@@ -66,6 +68,7 @@ class BatchSettings:
     tis_cap: Optional[float] = None
     sampler_filters: bool = False
     dapo: Optional[DapoSettings] = None
+    mask_truncated_completions: bool = False
 
     def __post_init__(self):
         if self.algorithm.dynamic_sampling != (self.dapo is not None):

@@ -107,8 +107,15 @@ def reward(maker: RolloutMaker, rollouts, prompt_ids, problems, n: int, iteratio
         problems_per_row = [p for p in problems for _ in range(n)]
         prompt_texts = [maker.codec.decode(ids, skip_special_tokens=False) for ids in prompt_ids]
         prompt_texts = [t for t in prompt_texts for _ in range(n)]
-        try:
-            extra, function_metrics = maker.reward_functions(prompt_texts, texts, problems_per_row)
+        try:  # TRL's completion_ids and trainer_state: the updates done before this batch, the epochs read
+            extra, function_metrics = maker.reward_functions(
+                prompt_texts,
+                texts,
+                problems_per_row,
+                completion_ids=rollouts.completion_ids,
+                global_step=iteration - 1,
+                epoch=epochs_read(maker.loader, problems),
+            )
         except RewardFunctionError as error:
             fail(f"iteration {iteration}: {error}")
         scores = np.asarray(scores, np.float32) + extra
@@ -116,6 +123,16 @@ def reward(maker: RolloutMaker, rollouts, prompt_ids, problems, n: int, iteratio
     metrics = {**metrics, "perf/grade_time": time.perf_counter() - start}
     step_rewards = prm_action_rewards(maker, rollouts, problems)
     return Rewarded(np.asarray(scores, np.float32), correct, metrics, step_rewards)
+
+
+def epochs_read(loader, problems) -> float:
+    """The passes over the training problems done before this batch (`TrainerState.epoch`): the loader's epoch and
+    position after it, less the batch's problems; 0 for a loader that says neither."""
+    state = getattr(loader, "state", None)
+    state = state() if callable(state) else None
+    if not state or not state.get("num_problems"):
+        return 0.0
+    return max(0.0, state["epoch"] + (state["position"] - len(problems)) / state["num_problems"])
 
 
 def collect(maker: RolloutMaker, iteration: int):

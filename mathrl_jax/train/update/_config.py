@@ -39,8 +39,13 @@ class UpdateConfig:
     # Rows whose every advantage is 0 are no term of the loss and no metric's (the denominator still counts them);
     # only where that changes no gradient (`zero_advantage_rows_are_inert`).
     skip_zero_advantage: bool = False
+    # PEFT's lora_dropout on the adapters' inputs in the policy loss's passes (a LoRA policy); 0: none, and the
+    # update's program is the one without it.
+    lora_dropout: float = 0.0
 
     def __post_init__(self):
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout={self.lora_dropout}: expected a probability in [0, 1)")
         if self.policy_loss not in losses.POLICY_LOSSES:
             raise ValueError(f"policy_loss={self.policy_loss!r}: expected one of {tuple(losses.POLICY_LOSSES)}")
         if self.ppo_epoch < 1 or self.num_mini_batch < 1:
@@ -77,6 +82,13 @@ def _action_args(cfg: UpdateConfig, mb, denominator) -> Dict[str, Any]:
     return dict(action_index=index, clip_low=cfg.clip_low, clip_high=cfg.clip_high, denominator=denominator)
 
 
+def _sequence_clipped_args(cfg: UpdateConfig, mb, denominator) -> Dict[str, Any]:
+    """GSPO: the clip range on the sequence ratio is the config's (TRL's epsilon / epsilon_high, verl's
+    clip_ratio_low / high); no dual clip."""
+    clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
+    return dict(clip_low=cfg.clip_low, clip_high=clip_high, **_aggregation_args(cfg, mb, denominator))
+
+
 def _decoupled_args(cfg: UpdateConfig, mb, denominator) -> Dict[str, Any]:
     return dict(
         proximal_logprobs=mb["proximal_logprobs"],
@@ -107,7 +119,7 @@ POLICY_LOSS_USES: Dict[str, PolicyLossUse] = {
     "ppo": PolicyLossUse(_clipped_args, inert_at_zero_advantage=True, token_weighted=True),
     "action_ppo": PolicyLossUse(_action_args, per_action=True, inert_at_zero_advantage=True),
     "decoupled_ppo": PolicyLossUse(_decoupled_args, inert_at_zero_advantage=True),
-    "gspo": PolicyLossUse(inert_at_zero_advantage=True),
+    "gspo": PolicyLossUse(_sequence_clipped_args, inert_at_zero_advantage=True),
     "reinforce": PolicyLossUse(inert_at_zero_advantage=True, token_weighted=True),
 }
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mathrl_jax import losses
+from mathrl_jax.models import lora
 
 # Positions x vocabulary entries of one chunk of logits in `hidden_logprobs`: 64 MiB of float32 (110 positions
 # at Qwen's V = 151,936), whatever the batch; the whole `[N, L, V]` logits of a batch are never formed.
@@ -53,11 +54,16 @@ def hidden_logprobs(model, hidden: jax.Array, input_ids: jax.Array, temperature:
     )
 
 
-def policy_logprobs(graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None):
+def policy_logprobs(
+    graphdef, params, input_ids, attention_mask, temperature: float = 1.0, packing=None, *, dropout=None
+):
     """The policy's shifted (log-prob, entropy) of a batch: what the trainer recomputes. With `packing`
     (`segment_ids`, `positions`), `input_ids` are packed rows, scored within their sequences. The logits are
-    made a chunk at a time from the final hidden states (`hidden_logprobs`)."""
+    made a chunk at a time from the final hidden states (`hidden_logprobs`). `dropout`: (rate, key data) of the
+    LoRA adapters' dropout (`lora.with_dropout`), the update's passes alone; None: none."""
     model = nnx.merge(graphdef, params)
+    if dropout is not None:
+        lora.with_dropout(model, dropout[0], jax.random.wrap_key_data(dropout[1]))
     hidden, _ = model(input_ids, return_hidden=True, **_model_inputs(attention_mask, packing))
     return hidden_logprobs(model, hidden, input_ids, temperature)
 

@@ -64,7 +64,8 @@ def _forward(fn: Callable, mb: Dict[str, jax.Array], *args):
 
 
 def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Array], denominator, frozen=None):
-    model = functools.partial(policy_logprobs, graphdef, model_params(params, frozen))
+    dropout = (cfg.lora_dropout, mb[DROPOUT_KEY]) if DROPOUT_KEY in mb else None  # the micro-batch's own key
+    model = functools.partial(policy_logprobs, graphdef, model_params(params, frozen), dropout=dropout)
     logp, entropy = _forward(model, mb, cfg.temperature)
     mask = mb["response_mask"]
     loss_fn, use = losses.get_policy_loss(cfg.policy_loss), policy_loss_use(cfg.policy_loss)
@@ -74,10 +75,10 @@ def _policy_objective(cfg: UpdateConfig, graphdef, params, mb: Dict[str, jax.Arr
         starts = losses.action_starts_from_index(mb["action_index"], mask)
         action_entropy = losses.action_means(entropy, mb["action_index"], mask)
         entropy_term = jnp.sum(action_entropy * starts) / jnp.maximum(denominator, 1e-8)
-        metrics["entropy_loss"] = losses.masked_mean(action_entropy, starts)
+        metrics["entropy"] = losses.masked_mean(action_entropy, starts)
     else:
         entropy_term = losses.aggregate_loss(entropy, mask, cfg.loss_agg_mode, cfg.norm_constant, denominator)
-        metrics["entropy_loss"] = losses.masked_mean(entropy, mask)
+        metrics["entropy"] = losses.masked_mean(entropy, mask)
     total = loss - cfg.entropy_coef * entropy_term
     if cfg.kl_coef:
         agg = dict(loss_agg_mode=cfg.loss_agg_mode, norm_constant=cfg.norm_constant, denominator=denominator)
@@ -207,6 +208,19 @@ def _packed_micro_batches(extended: Dict[str, jax.Array], step: Dict[str, jax.Ar
     return micro_batches
 
 
+DROPOUT_KEY = "lora_dropout_key"
+"""A micro-batch's key data for the LoRA dropout of its policy pass (`UpdateConfig.lora_dropout` > 0)."""
+DROPOUT_STREAM = 0x4C6F5241
+"""What the update's dropout keys fold into the state's key: a stream apart from the minibatch order's."""
+
+
+def _dropout_keys(base: jax.Array, step: jax.Array, count: int) -> jax.Array:
+    """`[count, ...]` key data, one per micro-batch of minibatch step `step` of an update whose base key is
+    `base`: fold_in(base, step), split `count` ways. `base` comes from the state's key, which the checkpoint
+    holds, so a resumed run draws the masks an uninterrupted one does."""
+    return jax.random.key_data(jax.random.split(jax.random.fold_in(base, step), count))
+
+
 def _apply_if(ok, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
@@ -221,6 +235,8 @@ def make_update_fn(
     donate: bool = True,
     state_shardings: Any = None,
     critic_shares_base: bool = False,
+    learning_rate: Optional[optax.Schedule] = None,
+    critic_learning_rate: Optional[optax.Schedule] = None,
 ) -> Callable[..., Tuple[TrainState, Dict[str, jax.Array]]]:
     """The jitted `update(state, batch, frozen=None) -> (state, metrics)` (see the module docstring). `frozen`:
     the weights a LoRA run does not train (`state.params` holds its adapters; `state.model_params`), never
@@ -231,6 +247,10 @@ def make_update_fn(
     the returned state to them. Without it XLA picks the output shardings, and under fsdp it returns small
     leaves (norm weights, their Adam moments) sharded where their rule replicates them, so the next call sees
     other input shardings and compiles the whole update again.
+
+    `learning_rate` / `critic_learning_rate`: the optimizers' schedules (`state.make_optimizer(...,
+    return_schedule=True)`), for the metrics `lr` / `value_lr`: the mean over the minibatch steps of each step's
+    rate, `schedule(count)` at the optimizer's count (`_metrics.scheduled_learning_rate`).
     """
     has_critic = critic_graphdef is not None
     if cfg.skip_zero_advantage and has_critic:
@@ -272,8 +292,11 @@ def make_update_fn(
         def minibatch_step(carry, xs):
             # `frozen` rides in the carry as `params` do: the model is built from values of one trace level (NNX)
             params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, frozen = carry
-            step, minibatch_rows = xs
+            step, minibatch_rows = xs[:2]
             micro_batches = gather(step)
+            if cfg.lora_dropout:  # xs[2]: the step's index, whose keys the micro-batches carry
+                count = micro_batches["response_mask"].shape[0]
+                micro_batches = dict(micro_batches, **{DROPOUT_KEY: _dropout_keys(dropout_base, xs[2], count)})
             whole = {k: batch[k][minibatch_rows] for k in denominator_keys}  # [mini, L]
             if cfg.minibatch_whitening:
                 micro_batches = dict(micro_batches, advantages=_whiten_minibatch(cfg, micro_batches))
@@ -284,6 +307,9 @@ def make_update_fn(
             if cfg.skip_zero_advantage:
                 micro_batches = dict(micro_batches, response_mask=_rows_with_advantage(micro_batches))
             units = _policy_units(cfg, micro_batches)
+            rates = {"lr": update_metrics.scheduled_learning_rate(learning_rate, opt_state)}
+            if has_critic:
+                rates["value_lr"] = update_metrics.scheduled_learning_rate(critic_learning_rate, critic_opt_state)
             loss, grads, metrics = _accumulate(policy_objective, params, micro_batches, denominator, units, frozen)
             grad_norm = optax.tree.norm(grads)
             finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -314,6 +340,7 @@ def make_update_fn(
             metrics["applied_fraction"] = apply.astype(jnp.float32)
             metrics["tokens"] = jnp.sum(micro_batches["response_mask"]).astype(jnp.float32)
             metrics["all_tokens"] = jnp.sum(whole["response_mask"]).astype(jnp.float32)
+            metrics.update({k: rate for k, rate in rates.items() if rate is not None})
             return (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, frozen), metrics
 
         init = (
@@ -325,8 +352,12 @@ def make_update_fn(
             jnp.zeros((), jnp.int32),
             frozen,
         )
+        xs = (steps, order)
+        if cfg.lora_dropout:  # a key per minibatch step, from the state's key (resumes draw the same masks)
+            dropout_base = jax.random.fold_in(jax.random.wrap_key_data(state.rng), DROPOUT_STREAM)
+            xs = xs + (jnp.arange(order.shape[0]),)
         (params, opt_state, critic_params, critic_opt_state, kl_skipped, skipped, _), per_step = jax.lax.scan(
-            minibatch_step, init, (steps, order)
+            minibatch_step, init, xs
         )
         metrics = update_metrics.over_steps(per_step)
         metrics["kl_skipped_fraction"] = kl_skipped.astype(jnp.float32) / order.shape[0]  # of policy steps

@@ -149,12 +149,9 @@ def warm_start(
     warm = nnx.merge(nnx.graphdef(model), new_state)
     after = accuracy(JaxSampler(warm, **sampler_args))
 
-    metrics = {
-        "warmstart/eval_accuracy_before": before,
-        "warmstart/eval_accuracy_after": after,
-        "warmstart/seconds": seconds,
-        "warmstart/steps": float(settings.steps),
-    }
+    metrics = {"warmstart/seconds": seconds, "warmstart/steps": float(settings.steps)}
+    if before == before and after == after:  # NaN: no held-out problem (eval_holdout=0), nothing measured
+        metrics.update({"warmstart/eval_accuracy_before": before, "warmstart/eval_accuracy_after": after})
 
     def write(d):
         hf.export_checkpoint(new_state, model.config, d, tokenizer_dir=model_dir)
@@ -182,6 +179,6 @@ def unlogged_warmstart_metrics(run_dir: str, directory: str) -> dict:
         return {}
     if os.path.isfile(log):
         with open(log, encoding="utf-8", errors="replace") as f:
-            if any('"warmstart/eval_accuracy_after"' in line for line in f):
+            if any('"warmstart/steps"' in line for line in f):
                 return {}
     return saved["metrics"]

@@ -196,3 +196,34 @@ def test_the_controls_verdicts_and_step_rewards_move_with_its_scores():
     np.testing.assert_array_equal(moved, shuffled % 3 == 0)
     np.testing.assert_array_equal(moved_steps, np.stack([shuffled, -shuffled], axis=1))
     assert control_rewards(scores, None, 0, 5)[1:] == (None, None)
+
+
+def test_mask_truncated_completions_zeroes_cut_rows_after_their_group_statistics():
+    """TRL's mask_truncated_completions: the advantages are made with every completion in its group (mean and
+    unbiased std, eps 1e-6, computed here in NumPy), then the rows cut at max_new_tokens (finish reason "length")
+    leave the loss: their response mask and advantages are 0, the others' untouched. Off, every row trains."""
+    from mathrl_jax.train import algorithms
+    from mathrl_jax.train.batch import BatchSettings
+
+    scores = np.asarray([1.0, 0.0, 0.0, 1.0, 2.0, 0.5], np.float32)
+    groups = np.asarray([0, 0, 0, 1, 1, 1], np.int32)
+    reasons = ["stop", "length", "stop", "length", "length", "stop"]
+    mask = np.zeros((6, 5), np.float32)
+    for row, length in enumerate([2, 5, 3, 5, 5, 1]):
+        mask[row, :length] = 1.0
+    rollouts = type("Rollouts", (), {"finish_reasons": reasons, "__len__": lambda self: len(reasons)})()
+    settings = BatchSettings(algorithm=algorithms.algorithm("grpo"), max_length=8, mask_truncated_completions=True)
+    trains = batch.rows_that_train(settings, rollouts)
+    np.testing.assert_array_equal(trains, [1, 0, 1, 0, 0, 1])
+    made = advantages_lib.host_score_advantages(
+        "grpo", mask, scores, group_ids=groups, num_groups=2, row_mask=np.ones(6, np.float32)
+    )
+    out = batch.without_truncated(made, trains)
+    want = np.zeros(6)
+    for g in (0, 1):
+        s = scores[groups == g].astype(np.float64)
+        want[groups == g] = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(out["advantages"], want[:, None] * mask * trains[:, None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["response_mask"], mask * trains[:, None])
+    off = dataclasses.replace(settings, mask_truncated_completions=False)
+    np.testing.assert_array_equal(batch.rows_that_train(off, rollouts), 1.0)
