@@ -26,7 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone, installed or not
 
 CONFIGS = os.path.join("mathrl_jax", "configs")
-RECIPES = ("grpo_qwen_math", "dapo_qwen_math", "areal_async", "openr_appo", "openr_tppo", "gem_guess_number")
+RECIPES = (
+    "own_data",
+    "grpo_qwen_math",
+    "dapo_qwen_math",
+    "areal_async",
+    "openr_appo",
+    "openr_tppo",
+    "gem_guess_number",
+)
 SHORT = [
     "--config.num_iterations=2",
     "--config.n_rollout_threads=4",
@@ -86,6 +94,22 @@ def write_standins(root: str) -> dict:
         for i, r in enumerate(rows)
     ]
     datasets.Dataset.from_list(verl_rows).to_parquet(data["verl"])
+    with open(data["trl"], "w") as f:  # TRL's layout: a prompt string and the worked solution (open-r1's columns)
+        f.writelines(json.dumps({"prompt": r["problem"], "solution": r["solution"]}) + "\n" for r in rows)
+    with open(data["trl_messages"], "w") as f:  # TRL's conversational layout: chat messages and the bare answer
+        f.writelines(
+            json.dumps(
+                {
+                    "prompt": [
+                        {"role": "system", "content": "Put the final answer in \\boxed{}."},
+                        {"role": "user", "content": r["problem"]},
+                    ],
+                    "answer": r["answer"],
+                }
+            )
+            + "\n"
+            for r in rows
+        )
     paths["data"] = data
     return paths
 
@@ -95,6 +119,8 @@ _DATA_FILES = {
     "openr": "openr_math_500.jsonl",
     "boba": "boba.jsonl",
     "verl": "dapo_math.parquet",
+    "trl": "trl_prompt_solution.jsonl",
+    "trl_messages": "trl_messages.jsonl",
 }
 
 
@@ -113,6 +139,7 @@ def recipe_flags(name: str, paths: dict, vllm: bool) -> list[str]:
         "--config.num_env_steps=64",  # 2 iterations of 4 answers x 8 steps
     ]
     return {
+        "own_data": [policy, f"--config.dataset_path={data['trl']}"],
         "grpo_qwen_math": [policy, f"--config.dataset_path={data['math500']}", *engine],
         "dapo_qwen_math": [policy, f"--config.dataset_path={data['verl']}", *engine],
         "areal_async": [policy, f"--config.dataset_path={data['boba']}", *engine],

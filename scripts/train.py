@@ -31,13 +31,18 @@ def parse_config(argv):
 
     try:
         # Defining the flag already reads the `--config.key` overrides from sys.argv.
-        config_flags.DEFINE_config_file("config", default=DEFAULT_CONFIG, help_string="a mathrl_jax config file")
+        config_flags.DEFINE_config_file(
+            "config", default=DEFAULT_CONFIG, help_string="a mathrl_jax config file", sys_argv=list(argv)
+        )
         flags.FLAGS(argv)
     except flags.Error as error:
         fail(str(error).replace("\n", " "))
     except OSError as error:  # a config file that does not load, met while applying an override to it
         fail(f"cannot load the config: {' '.join(str(error).split())}")
     except (KeyError, AttributeError) as error:
+        unknown = unknown_key(argv)
+        if unknown:
+            fail(unknown)
         while error.args and isinstance(error.args[0], BaseException):  # an AttributeError around the KeyError
             error = error.args[0]
         message = " ".join(str(error.args[0] if error.args else error).split())  # KeyError's str() is its repr
@@ -50,6 +55,38 @@ def parse_config(argv):
     except Exception as error:
         fail(f"cannot load the config: {' '.join(str(error).split())}")
     return config
+
+
+def resolve_names(argv):
+    """`argv` with TRL's and verl's names of our options rewritten to ours (`mathrl_jax/trl_verl_names.py`), each
+    rewrite said on stderr; a name whose meaning differs stops here, naming the key to use."""
+    from mathrl_jax import trl_verl_names as names
+
+    try:
+        argv, notes = names.resolve_names(argv)
+    except names.RefusedName as error:
+        fail(str(error))
+    for note in notes:
+        print(f"train.py: {note}", file=sys.stderr)
+    return argv
+
+
+def unknown_key(argv):
+    """The line for the first `--config.KEY` that is not an option of the table, with what it may have meant
+    (our keys and TRL's / verl's names: `names.suggestions`); None if each is one."""
+    from mathrl_jax import trl_verl_names as names
+    from mathrl_jax.configs import default
+    from mathrl_jax.options import options_of
+
+    keys = [option.key for option in options_of(default.OPTIONS)]
+    for arg in argv[1:]:
+        if not arg.startswith("--config.") or arg.split("=", 1)[0][len("--config.") :] in keys:
+            continue
+        key = arg.split("=", 1)[0][len("--config.") :]
+        maybe = names.suggestions(key, keys)
+        hint = f"; did you mean {' or '.join(maybe)}?" if maybe else ""
+        return f"--config has no key {key!r}{hint} (`python scripts/train.py --help` lists every key)"
+    return None
 
 
 def join_processes(config) -> bool:
@@ -88,7 +125,7 @@ def print_help(argv) -> None:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv if argv is None else argv)
+    argv = resolve_names(list(sys.argv if argv is None else argv))
     if any(a in HELP_FLAGS for a in argv[1:]):
         print_help(argv)
         return 0
@@ -138,7 +175,7 @@ def main(argv=None) -> int:
     warm = summary["warmstart"]
     curve = summary["eval"]
     print(f"run directory: {config.run_dir}")
-    if warm:
+    if warm and "warmstart/eval_accuracy_before" in warm:  # absent: no held-out problem to evaluate
         print(
             f"warm-start: greedy held-out accuracy {warm['warmstart/eval_accuracy_before']:.3f} -> "
             f"{warm['warmstart/eval_accuracy_after']:.3f} ({warm['warmstart/seconds']:.0f} s)"

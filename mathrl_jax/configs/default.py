@@ -25,12 +25,33 @@ OPTIONS = (
         Option(
             "algorithm_name",
             "grpo",
-            "grpo drgrpo dapo ppo appo tppo reinforce_rebn async_ppo rloo reinforce_pp",
+            (
+                "The algorithm (train/algorithms.py; docs/training.md): grpo, drgrpo (Dr. GRPO), dapo, gspo (TRL's "
+                'importance_sampling_level="sequence"), rloo, reinforce_pp (REINFORCE++-baseline), ppo (a critic, '
+                "GAE), appo and tppo (OpenR's, a critic over reasoning steps), async_ppo (AReaL's decoupled loss, "
+                "rollouts ahead of the trainer), reinforce_rebn (GEM's multi-turn ReBN). Any case; TRL's and verl's "
+                "spellings too (Dr_GRPO, ...)."
+            ),
             choices="mathrl_jax.train.algorithms:NAMES",
             case_free=True,
         ),
-        Option("seed", 0),
-        Option("run_dir", "runs/default", resume=MAY_CHANGE),
+        Option(
+            "seed",
+            0,
+            (
+                "Seeds everything drawn: the initial weights of the tiny model, the data's order and held-out "
+                "split, the sampler's keys, the minibatch order."
+            ),
+        ),
+        Option(
+            "run_dir",
+            "runs/default",
+            (
+                "The run directory: checkpoints/, metrics.jsonl, config.json, tensorboard events, samples/, "
+                "final_model/. The same command again resumes it; each recipe and docs command names its own."
+            ),
+            resume=MAY_CHANGE,
+        ),
         Option(
             "resume",
             True,
@@ -61,8 +82,22 @@ OPTIONS = (
     ),
     *group(
         "model",
-        Option("model_name_or_path", "", 'a local HF checkpoint; "" = the tiny offline model (written to run_dir)'),
-        Option("prm_model_name_or_path", "", 'a local PRM checkpoint (stepwise rewards); "" = none'),
+        Option(
+            "model_name_or_path",
+            "",
+            (
+                "A local Hugging Face checkpoint directory, or a Hub id (org/name: downloaded into the HF cache, or "
+                'read from it when HF_HUB_OFFLINE=1); "" = the tiny offline model (written to run_dir).'
+            ),
+        ),
+        Option(
+            "prm_model_name_or_path",
+            "",
+            (
+                "The step rewards' model: a local PRM checkpoint directory, a Hub id (as model_name_or_path), or a "
+                'rule-based step verifier ("arithmetic_steps", "countdown_steps"); "" = none.'
+            ),
+        ),
         Option(
             "param_dtype",
             "float32",
@@ -74,8 +109,23 @@ OPTIONS = (
                 " dtype) at every sync."
             ),
         ),
-        Option("dtype", "float32"),
-        Option("remat", False, resume=MAY_CHANGE),
+        Option(
+            "dtype",
+            "float32",
+            (
+                "The compute dtype of the training passes and the JAX sampler: float32, or bfloat16 at real sizes "
+                "(with param_dtype float32: see param_dtype)."
+            ),
+        ),
+        Option(
+            "remat",
+            False,
+            (
+                "Rematerialise each decoder layer in the backward pass (jax.checkpoint; gradient checkpointing): "
+                "less activation memory, about a third more compute."
+            ),
+            resume=MAY_CHANGE,
+        ),
         Option(
             "scan_layers",
             False,
@@ -102,19 +152,44 @@ OPTIONS = (
         ),
         Section(
             "lora",
-            (
-                "LoRA (models/lora.py): rank > 0 trains low-rank adapters on the named projections "
-                '("q_proj,v_proj" as OpenR, "all-linear" for every decoder projection) with the base frozen; '
-                "the policy's optimizer state and checkpoint hold its adapters alone. alpha / rank scales "
-                "them (PEFT's lora_alpha). rank 0: every weight trains. share_critic_base: the critic (PPO "
-                "family) is the policy's frozen base, adapters off, under OpenR's MLP value head, which alone"
-                " trains (value_head.FrozenBaseCritic); False: a critic of its own that trains every weight."
-            ),
+            ("LoRA adapters (models/lora.py)."),
         ),
-        Option("lora.rank", 0, low=0, resume=NEVER),
-        Option("lora.alpha", 16.0, low=0.0, low_open=True),
-        Option("lora.targets", "q_proj,v_proj", resume=NEVER),
-        Option("lora.share_critic_base", False, resume=NEVER),
+        Option(
+            "lora.rank",
+            0,
+            (
+                "LoRA (models/lora.py): > 0 trains rank-r adapters on lora.targets with the base frozen (the "
+                "optimizer state and checkpoints hold the adapters alone); 0 trains every weight."
+            ),
+            low=0,
+            resume=NEVER,
+        ),
+        Option(
+            "lora.alpha",
+            16.0,
+            "PEFT's lora_alpha: the adapters' update is scaled by alpha / rank.",
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "lora.targets",
+            "q_proj,v_proj",
+            (
+                'The projections that get adapters, comma-separated ("q_proj,v_proj" as OpenR; "all-linear" for '
+                "every decoder projection)."
+            ),
+            resume=NEVER,
+        ),
+        Option(
+            "lora.share_critic_base",
+            False,
+            (
+                "True: the critic (PPO family) is the policy's frozen base, adapters off, under OpenR's MLP value "
+                "head, which alone trains (value_head.FrozenBaseCritic); False: a critic of its own that trains "
+                "every weight."
+            ),
+            resume=NEVER,
+        ),
         Option(
             "lora.dropout",
             0.0,
@@ -129,9 +204,35 @@ OPTIONS = (
     ),
     *group(
         "data",
-        Option("dataset_name", "arithmetic", "arithmetic, countdown, or a layout: auto math500 gsm8k areal_boba"),
-        Option("dataset_path", "", "JSONL / parquet / datasets dir / a dataset's Hub id in the local cache"),
-        Option("eval_dataset_path", "", '"" = a held-out split of the training source', resume=MAY_CHANGE),
+        Option(
+            "dataset_name",
+            "arithmetic",
+            (
+                "The task: arithmetic or countdown (built in, no file), a MATH subject (OpenR's prealgebra, ...: "
+                "dataset_path's problems of that subject), or the layout of the file at dataset_path: auto (detected "
+                "from its fields), math500, math, gsm8k, areal_boba, verl, trl (TRL's: a prompt string or chat "
+                "messages with solution / answer / ground_truth), custom (with data.fields). Your own file: start "
+                "from configs/own_data.py."
+            ),
+        ),
+        Option(
+            "dataset_path",
+            "",
+            (
+                "The training data: a JSONL / JSON / parquet file, a `datasets` directory, or a dataset's Hub id "
+                "(org/name; downloaded unless HF_HUB_OFFLINE is set, else read from the local cache). A path that "
+                "does not exist is refused as a missing path, never looked up on the Hub."
+            ),
+        ),
+        Option(
+            "eval_dataset_path",
+            "",
+            (
+                'The held-out evaluation\'s data (the forms of dataset_path); "" = eval_dataset_split of '
+                "dataset_path if named, else eval_holdout problems held out of it."
+            ),
+            resume=MAY_CHANGE,
+        ),
         Option(
             "dataset_split",
             "",
@@ -140,7 +241,15 @@ OPTIONS = (
                 "for one that holds one"
             ),
         ),
-        Option("eval_dataset_split", "", resume=MAY_CHANGE),
+        Option(
+            "eval_dataset_split",
+            "",
+            (
+                "The split of eval_dataset_path (or, with no eval_dataset_path, of dataset_path: a held-out split "
+                'of the same dataset, e.g. "test") that the held-out evaluation reads; "" = none named.'
+            ),
+            resume=MAY_CHANGE,
+        ),
         Option(
             "eval_holdout",
             -1,
@@ -154,19 +263,43 @@ OPTIONS = (
         ),
         Section(
             "data",
+            ("Your data file's fields."),
+        ),
+        Option(
+            "data.fields",
+            "",
             (
-                "fields: a mapping from the layout's field names to your file's, comma-separated "
-                '"ROLE:FIELD" pairs ("question:problem,answer:gold"); ROLE is question, answer, solution, uid, '
-                'level or subject. Given, it defines the layout (dataset_name "auto" or "custom"). "" = the '
-                "layout's own fields."
+                "A mapping from the layout's roles to your file's fields, comma-separated \"ROLE:FIELD\" pairs "
+                '("question:problem,answer:gold"); ROLE is question, answer, solution, uid, level or subject. '
+                'Given, it defines the layout (dataset_name "auto"); "" = the layout\'s own fields.'
             ),
         ),
-        Option("data.fields", ""),
-        Section("arithmetic", ""),
-        Option("arithmetic.levels", (2,)),
-        Option("arithmetic.num_train", 8000, low=1),
-        Option("arithmetic.num_eval", 500, low=0),
-        Option("arithmetic.question_format", "{expr}="),
+        Section("arithmetic", 'The offline arithmetic task (dataset_name="arithmetic", data/arithmetic.py).'),
+        Option(
+            "arithmetic.levels",
+            (2,),
+            (
+                "The arithmetic levels drawn (data/arithmetic.py: 1 = one-digit + -, 2 = two-digit + -, 3 = *, 4 = "
+                "three terms with precedence, 5 = four or five terms); the warm-start's teacher knows level 2 only."
+            ),
+        ),
+        Option(
+            "arithmetic.num_train",
+            8000,
+            "Arithmetic training problems (drawn once from the seed; repeats allowed, none a held-out question).",
+            low=1,
+        ),
+        Option(
+            "arithmetic.num_eval",
+            500,
+            "Distinct arithmetic held-out problems (the first num_eval_problems of them are evaluated).",
+            low=0,
+        ),
+        Option(
+            "arithmetic.question_format",
+            "{expr}=",
+            'How an expression becomes the question: "{expr}" is replaced by it ("{expr}=" asks "57-83=").',
+        ),
         Option(
             "arithmetic.digits",
             2,
@@ -188,22 +321,27 @@ OPTIONS = (
         ),
         Section(
             "countdown",
+            ('The countdown task (dataset_name="countdown", configs/countdown.py).'),
+        ),
+        Option(
+            "countdown.count",
+            3,
             (
-                'dataset_name="countdown" (configs/countdown.py, data/countdown/): reach the target from '
-                "`count` numbers (3 to 6), each in [min_number, max_number], with + - *, each number used "
-                'once: "3,7,5->26:" is answered "7*3=21,21+5=26,\\boxed{26}". Targets 1 to max_target. '
-                "num_train training problems (repeats allowed) and num_eval distinct held-out ones. The "
-                "reward is a valid derivation of the target, not the boxed number "
-                "(rewards/countdown_grader.py); the warm-start teacher combines the numbers left to right "
-                "with + and * only."
+                'dataset_name="countdown" (configs/countdown.py, data/countdown/): how many numbers each instance '
+                'gives (3 to 6); reach the target with + - *, each number used once: "3,7,5->26:" is answered '
+                '"7*3=21,21+5=26,\\boxed{26}". The reward is a valid derivation, not the boxed number '
+                "(rewards/countdown_grader.py)."
             ),
         ),
-        Option("countdown.count", 3),
-        Option("countdown.min_number", 1),
-        Option("countdown.max_number", 9),
-        Option("countdown.max_target", 99),
-        Option("countdown.num_train", 8000, low=1),
-        Option("countdown.num_eval", 500, low=0),
+        Option("countdown.min_number", 1, "The smallest number of a countdown instance."),
+        Option("countdown.max_number", 9, "The largest number of a countdown instance."),
+        Option(
+            "countdown.max_target",
+            99,
+            "Countdown targets are drawn from 1 to max_target (among those the numbers reach).",
+        ),
+        Option("countdown.num_train", 8000, "Countdown training instances (repeats allowed).", low=1),
+        Option("countdown.num_eval", 500, "Distinct countdown held-out instances.", low=0),
         Option(
             "countdown.eval_count",
             0,
@@ -220,7 +358,15 @@ OPTIONS = (
             "plain boxed verl_boxed r1_zero chat chat_plain",
             choices="mathrl_jax.data.prompts:TEMPLATE_NAMES",
         ),
-        Option("max_prompt_length", 16, low=1),
+        Option(
+            "max_prompt_length",
+            16,
+            (
+                "The longest prompt in tokens (TRL's and verl's max_prompt_length): a longer one stops the run at "
+                "the start, naming the problem (nothing is truncated silently)."
+            ),
+            low=1,
+        ),
         Option(
             "num_eval_problems",
             500,
@@ -234,54 +380,147 @@ OPTIONS = (
         Option("sampler", "jax", "jax | vllm", resume=MAY_CHANGE, choices=("jax", "vllm"), case_free=True),
         Section(
             "jax_sampler",
-            (
-                'The JAX sampler (sampler="jax", and the warm-start\'s evaluations): kv_cache_gib bounds the '
-                "KV cache of one prefill + decode; a batch over it runs in sub-batches of prompts (same "
-                "samples). An out-of-memory names it. compact_interval: every this many decode steps the "
-                "running rows move into a batch a quarter as large once they fit (same samples; 0 = never): a"
-                " long answer's tail stops paying for the rows that have finished. jax_sampler.lora_sync: a "
-                'LoRA policy reaches the JAX sampler merged into its kernels at each sync ("merged", the '
-                'faster: docs/training.md#lora) or as adapters applied in each projection ("adapter": no '
-                "kernel copied)"
-            ),
+            ('The pure-JAX sampler (sampler="jax").'),
         ),
-        Option("jax_sampler.kv_cache_gib", 16.0, resume=MAY_CHANGE, low=0.0, low_open=True),
-        Option("jax_sampler.compact_interval", 256, resume=MAY_CHANGE, low=0),
-        Option("jax_sampler.lora_sync", "merged", choices="mathrl_jax.sampling.base:LORA_SYNCS"),
+        Option(
+            "jax_sampler.kv_cache_gib",
+            16.0,
+            (
+                'The JAX sampler (sampler="jax", and every evaluation): the KV cache of one prefill + decode is '
+                "bounded by this many GiB; a batch over it runs in sub-batches of prompts (the same samples). An "
+                "out-of-memory names it."
+            ),
+            resume=MAY_CHANGE,
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "jax_sampler.compact_interval",
+            256,
+            (
+                "Every this many decode steps, the running rows move into a batch a quarter as large once they fit "
+                "(the same samples; 0 = never): a long answer's tail stops paying for the rows that have finished."
+            ),
+            resume=MAY_CHANGE,
+            low=0,
+        ),
+        Option(
+            "jax_sampler.lora_sync",
+            "merged",
+            (
+                'A LoRA policy reaches the JAX sampler merged into its kernels at each sync ("merged", the '
+                'faster: docs/training.md#lora) or as adapters applied in each projection ("adapter": no kernel '
+                "copied)."
+            ),
+            choices="mathrl_jax.sampling.base:LORA_SYNCS",
+        ),
         Section(
             "vllm",
-            (
-                'The vLLM engine (sampler="vllm"; docs/vllm.md). kv_cache_gib: the KV cache\'s size, host '
-                "memory on vLLM's CPU build, GPU memory on a GPU; it bounds the tokens in flight, not a "
-                "request's length. dtype: the engine's weights and compute, \"\" = config.dtype (a bfloat16 "
-                "engine beside a float32 trainer: consider tis_cap). vllm.lora_sync: a LoRA policy reaches "
-                'vLLM as merged weights ("merged") or as vLLM\'s own LoRA adapters ("adapter": a LoRARequest '
-                "per sync); see docs/training.md#lora for which is faster. tensor_parallel_size: the "
-                "in-process engine's workers (> 1: one process each, synced through vLLM's weight transfer). "
-                'server_url: "" = the engine in this process; "http://host:port" = rollouts from a vLLM '
-                "server started with scripts/vllm_server.py (kv_cache_gib, tensor parallel and dtype are then"
-                " the server's own). timeout_s: the longest one request to a server may take before the run "
-                'stops naming it (exit 2). transfer: how weights reach an engine in other processes: "auto" '
-                "(in-process workers: shared memory; a server: the engine it was started with), "
-                '"mathrl_shared_memory" (files in /dev/shm: one host), "nccl" (a GPU server; not run yet). '
-                "transfer_chunk_gib: the most one transfer step holds (a file in /dev/shm, NCCL's buffer)"
-            ),
+            ('The vLLM engine (sampler="vllm"; docs/vllm.md).'),
         ),
-        Option("vllm.kv_cache_gib", 1.0, resume=MAY_CHANGE, low=0.0, low_open=True),
-        Option("vllm.dtype", "", resume=MAY_CHANGE),
-        Option("vllm.lora_sync", "merged", resume=MAY_CHANGE, choices="mathrl_jax.sampling.base:LORA_SYNCS"),
-        Option("vllm.tensor_parallel_size", 1, resume=MAY_CHANGE, low=1),
-        Option("vllm.server_url", "", resume=MAY_CHANGE),
-        Option("vllm.timeout_s", 600.0, resume=MAY_CHANGE, low=0.0, low_open=True),
-        Option("vllm.transfer", "auto", resume=MAY_CHANGE, choices="mathrl_jax.sampling.vllm.plugin:TRANSFERS"),
-        Option("vllm.transfer_chunk_gib", 1.0, resume=MAY_CHANGE, low=0.0, low_open=True),
+        Option(
+            "vllm.kv_cache_gib",
+            1.0,
+            (
+                'The vLLM engine (sampler="vllm"; docs/vllm.md): its KV cache in GiB (host memory on vLLM\'s CPU '
+                "build, GPU memory on a GPU); it bounds the tokens in flight, not a request's length. More than the "
+                "machine has free stops the run at the start, naming this option."
+            ),
+            resume=MAY_CHANGE,
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "vllm.dtype",
+            "",
+            (
+                'The engine\'s weights and compute; "" = dtype (a bfloat16 engine beside a float32 trainer: '
+                "consider tis_cap)."
+            ),
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "vllm.lora_sync",
+            "merged",
+            (
+                'A LoRA policy reaches vLLM as merged weights ("merged") or as vLLM\'s own LoRA adapters '
+                '("adapter": a LoRARequest per sync); docs/training.md#lora says which is faster.'
+            ),
+            resume=MAY_CHANGE,
+            choices="mathrl_jax.sampling.base:LORA_SYNCS",
+        ),
+        Option(
+            "vllm.tensor_parallel_size",
+            1,
+            (
+                "The in-process engine's tensor-parallel workers (> 1: one process each, synced through vLLM's "
+                "weight transfer)."
+            ),
+            resume=MAY_CHANGE,
+            low=1,
+        ),
+        Option(
+            "vllm.server_url",
+            "",
+            (
+                '"" = the engine in this process; "http://host:port" = rollouts from a vLLM server started with '
+                "scripts/vllm_server.py (kv_cache_gib, tensor parallel and dtype are then the server's own)."
+            ),
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "vllm.timeout_s",
+            600.0,
+            "The longest one request to a vLLM server may take before the run stops naming it (exit 2).",
+            resume=MAY_CHANGE,
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "vllm.transfer",
+            "auto",
+            (
+                'How weights reach an engine in other processes: "auto" (in-process workers: shared memory; a '
+                'server: the engine it was started with), "mathrl_shared_memory" (files in /dev/shm: one host), '
+                '"nccl" (a GPU server; not run yet).'
+            ),
+            resume=MAY_CHANGE,
+            choices="mathrl_jax.sampling.vllm.plugin:TRANSFERS",
+        ),
+        Option(
+            "vllm.transfer_chunk_gib",
+            1.0,
+            "The most one weight-transfer step holds (a file in /dev/shm, NCCL's buffer), in GiB.",
+            resume=MAY_CHANGE,
+            low=0.0,
+            low_open=True,
+        ),
         Option("n_rollout_threads", 32, "prompts per iteration", low=1),
         Option("group_size", 8, "samples per prompt (GRPO's G)", low=1),
         Option("episode_length", 1, "turns per episode (multi-turn envs) / steps (step-wise)", low=1),
         Option("max_new_tokens", 40, "the warm-start's worked solutions take up to 33 tokens with EOS", low=1),
-        Option("temperature", 1.0, low=0.0, low_open=True),
-        Option("top_p", 1.0, low=0.0, low_open=True, high=1.0),
-        Option("top_k", 0, low=-1),
+        Option(
+            "temperature",
+            1.0,
+            (
+                "The sampling temperature of rollouts (and of pass@k at the first and last evaluation; greedy "
+                "accuracy is temperature 0)."
+            ),
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "top_p",
+            1.0,
+            (
+                "Nucleus sampling: the smallest set of tokens whose probability reaches top_p is kept (1 = off). "
+                "The trainer's old log-probs then come from its own pass (old_logprobs=auto)."
+            ),
+            low=0.0,
+            low_open=True,
+            high=1.0,
+        ),
+        Option("top_k", 0, "Only the top_k most likely tokens are kept (0 or -1 = off).", low=-1),
         Option(
             "min_p",
             0.0,
@@ -302,7 +541,16 @@ OPTIONS = (
             low=0.0,
             low_open=True,
         ),
-        Option("num_iterations", 40, resume=MAY_CHANGE, low=0),
+        Option(
+            "num_iterations",
+            40,
+            (
+                "RL iterations: each samples n_rollout_threads x group_size completions, then makes num_mini_batch "
+                "x ppo_epoch optimizer steps on them."
+            ),
+            resume=MAY_CHANGE,
+            low=0,
+        ),
         Option(
             "num_env_steps",
             0,
@@ -319,38 +567,102 @@ OPTIONS = (
             "verifier | prm | prm+verifier (PRM step scores on action ends) | functions | verifier+functions",
             choices=("verifier", "prm", "prm+verifier", "functions", "verifier+functions"),
         ),
-        Section("prm", ""),
-        Option("prm.step_tag", "ки"),
-        Option("prm.candidate_tokens", ("+", "-")),
+        Section("prm", "The process reward model (reward_source prm or prm+verifier)."),
+        Option(
+            "prm.step_tag",
+            "ки",
+            (
+                'The process reward model\'s step tag: the token after every reasoning step ("ки" for '
+                "Math-Shepherd and OpenR's PRMs), where it scores the step."
+            ),
+        ),
+        Option(
+            "prm.candidate_tokens",
+            ("+", "-"),
+            (
+                "The PRM's verdict tokens (good, bad, ...), each one token; a step's score is the softmax "
+                "probability of the first among them at its tag."
+            ),
+        ),
         Option("env_name", "", '"" = single-turn problems; guess_number = GEM\'s multi-turn game (reinforce_rebn)'),
         Section(
             "guess_number",
-            ("guess_number's own options (GEM's defaults): the range and the turn budget (GEM's GuessTheNumber-v0)."),
+            ('GEM\'s GuessTheNumber-v0 (env_name="guess_number").'),
         ),
-        Option("guess_number.min_number", 1),
-        Option("guess_number.max_number", 20),
-        Option("guess_number.max_turns", 20),
+        Option(
+            "guess_number.min_number",
+            1,
+            'guess_number (GEM\'s GuessTheNumber-v0, env_name="guess_number"): the smallest secret number.',
+        ),
+        Option("guess_number.max_number", 20, "guess_number: the largest secret number."),
+        Option("guess_number.max_turns", 20, "guess_number: the turns a game may take (GEM's default budget)."),
         Section(
             "reward",
+            ("The verifier's reward values and your own reward functions."),
+        ),
+        Option(
+            "reward.correct",
+            1.0,
+            "The verifier's reward of a correct final answer (math-verify against the gold answer; RLinf uses 5).",
+        ),
+        Option("reward.incorrect", 0.0, "The verifier's reward of a wrong final answer (RLinf uses -5)."),
+        Option(
+            "reward.no_answer",
+            0.0,
+            "The verifier's reward of a response with no final answer at all (no \\boxed{} nor a fallback answer).",
+        ),
+        Option(
+            "reward.format_reward",
+            0.0,
+            "Added to the verifier's reward when the response has a non-empty \\boxed{} answer (a format bonus).",
+        ),
+        Option(
+            "reward.timeout_s",
+            5.0,
             (
-                'reward.functions: your own reward functions (reward_source "functions" or '
-                '"verifier+functions"), comma-separated "module:function" or "path/to/file.py:function", '
-                "called as TRL calls its reward_funcs (rewards/functions.py); reward.weights: one per "
-                'function, comma-separated ("" = 1 each); reward.function_timeout_s: the longest one call of '
-                "a function may take (seconds): past it the run stops naming it (exit 2); each function runs "
-                "in a process of its own, killed at the limit. Each result must be one number (or None) per "
-                "completion, finite in float32, else the run stops naming the function and value."
+                "The longest one math-verify comparison may take (seconds): past it the answer counts as incorrect "
+                "and the worker is killed."
+            ),
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "reward.num_workers",
+            2,
+            "Processes grading answers with math-verify in parallel (each killable at reward.timeout_s).",
+            low=1,
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "reward.functions",
+            "",
+            (
+                'Your own reward functions (reward_source "functions" or "verifier+functions"), comma-separated '
+                '"module:function" or "path/to/file.py:function", called as TRL calls its reward_funcs '
+                "(prompts, completions, completion_ids, trainer_state, the data's columns; rewards/functions.py). "
+                "Each result must be one number (or None) per completion, finite in float32, else the run stops "
+                "naming the function and value."
             ),
         ),
-        Option("reward.correct", 1.0),
-        Option("reward.incorrect", 0.0),
-        Option("reward.no_answer", 0.0),
-        Option("reward.format_reward", 0.0),
-        Option("reward.timeout_s", 5.0, low=0.0, low_open=True),
-        Option("reward.num_workers", 2, low=1, resume=MAY_CHANGE),
-        Option("reward.functions", ""),
-        Option("reward.weights", ""),
-        Option("reward.function_timeout_s", 60.0, low=0.0, low_open=True, resume=MAY_CHANGE),
+        Option(
+            "reward.weights",
+            "",
+            (
+                'One weight per reward function, comma-separated ("" = 1 each): the reward is their weighted sum '
+                "(TRL's reward_weights)."
+            ),
+        ),
+        Option(
+            "reward.function_timeout_s",
+            60.0,
+            (
+                "The longest one call of a reward function may take (seconds): each runs in a process of its own, "
+                "killed at the limit, and the run stops naming it (exit 2)."
+            ),
+            low=0.0,
+            low_open=True,
+            resume=MAY_CHANGE,
+        ),
         Option(
             "shuffle_rewards",
             False,
@@ -362,8 +674,24 @@ OPTIONS = (
     ),
     *group(
         "update",
-        Option("ppo_epoch", 1, low=1),
-        Option("num_mini_batch", 4, low=1),
+        Option(
+            "ppo_epoch",
+            1,
+            (
+                "Passes over each batch (TRL's num_iterations, verl's ppo_epochs): > 1 reuses the samples, the "
+                "clipped ratio keeping the policy near them."
+            ),
+            low=1,
+        ),
+        Option(
+            "num_mini_batch",
+            4,
+            (
+                "Optimizer steps per pass over a batch: the batch is split into this many minibatches (verl: "
+                "train_batch_size / ppo_mini_batch_size)."
+            ),
+            low=1,
+        ),
         Option("micro_batch_size", 0, "0 = the whole minibatch", resume=MAY_CHANGE, low=0),
         Option(
             "old_logprobs",
@@ -419,9 +747,9 @@ OPTIONS = (
             low=0.0,
             low_open=True,
         ),
-        Option("critic_lr", 0.001, low=0.0, low_open=True),
+        Option("critic_lr", 0.001, "The critic's learning rate (PPO, APPO, TPPO).", low=0.0, low_open=True),
         Option("lr_schedule", "constant", "constant linear cosine", choices="mathrl_jax.train.state:SCHEDULES"),
-        Option("warmup_steps", 10, low=0),
+        Option("warmup_steps", 10, "Optimizer steps of linear learning-rate warm-up from 0 (then lr_schedule).", low=0),
         Option(
             "optimizer",
             "adamw",
@@ -433,13 +761,37 @@ OPTIONS = (
             choices="mathrl_jax.train.state:OPTIMIZERS",
             case_free=True,
         ),
-        Option("weight_decay", 0.0, low=0.0),
-        Option("max_grad_norm", 1.0, low=0.0, low_open=True),
+        Option("weight_decay", 0.0, "AdamW's decoupled weight decay.", low=0.0),
+        Option(
+            "max_grad_norm",
+            1.0,
+            "Gradients are clipped to this global norm (optax.clip_by_global_norm; verl's grad_clip).",
+            low=0.0,
+            low_open=True,
+        ),
         Option("adam_eps", 1e-8, "OpenR: 1e-5", low=0.0, low_open=True),
-        Option("clip_low", 0.2, low=0.0, high=1.0),
+        Option(
+            "clip_low",
+            0.2,
+            (
+                "The PPO ratio clip below: the ratio is kept in [1 - clip_low, 1 + clip_high] (TRL's epsilon, "
+                "verl's clip_ratio_low)."
+            ),
+            low=0.0,
+            high=1.0,
+        ),
         Option("clip_high", None, "None = clip_low; DAPO: 0.28", value_type=float, low=0.0),
         Option("clip_c", None, "dual clip", value_type=float, low=1.0, low_open=True),
-        Option("loss_agg_mode", "token-mean", choices="mathrl_jax.losses.aggregate:LOSS_AGG_MODES"),
+        Option(
+            "loss_agg_mode",
+            "token-mean",
+            (
+                "How token losses become one number (losses/aggregate.py): token-mean (DAPO; TRL's dapo and bnpo), "
+                "seq-mean-token-mean (GRPO; TRL's grpo), seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO; "
+                "TRL's dr_grpo, over max_new_tokens). TRL's names are taken as these values."
+            ),
+            choices="mathrl_jax.losses.aggregate:LOSS_AGG_MODE_NAMES",
+        ),
         Option(
             "mask_truncated_completions",
             False,
@@ -448,12 +800,28 @@ OPTIONS = (
                 "(no EOS) trains nothing: its tokens leave the loss; it still counts in its group's statistics."
             ),
         ),
-        Option("entropy_coef", 0.0),
+        Option(
+            "entropy_coef",
+            0.0,
+            (
+                "The entropy bonus: entropy_coef x the policy's mean token entropy is subtracted from the loss "
+                "(verl's entropy_coeff)."
+            ),
+        ),
         Option("kl_coef", 0.0, "KL to the reference, in the loss", low=0.0),
-        Option("kl_kind", "k3", choices="mathrl_jax.losses.kl:KL_KINDS", case_free=True),
+        Option(
+            "kl_kind",
+            "k3",
+            (
+                "The KL estimator of the KL loss against the reference model: k1, k2 (mse), k3 (low_var_kl, TRL's "
+                "and GRPO's), abs."
+            ),
+            choices="mathrl_jax.losses.kl:KL_KINDS",
+            case_free=True,
+        ),
         Option("kl_reward_coef", 0.0, "KL to the reference, in the reward (PPO family)", low=0.0),
-        Option("gamma", 1.0, low=0.0, high=1.0),
-        Option("lam", 0.95, low=0.0, high=1.0),
+        Option("gamma", 1.0, "The discount of GAE (PPO family) and of multi-turn returns.", low=0.0, high=1.0),
+        Option("lam", 0.95, "GAE's lambda.", low=0.0, high=1.0),
         Option(
             "target_kl",
             None,
@@ -476,13 +844,50 @@ OPTIONS = (
             "mse | huber | huber_one_sided (OpenR's `huber_loss`)",
             choices="mathrl_jax.losses.value:VALUE_LOSS_TYPES",
         ),
-        Option("huber_delta", 10.0, low=0.0, low_open=True),
+        Option(
+            "huber_delta",
+            10.0,
+            'The Huber value losses\' delta (value_loss_type "huber" / "huber_one_sided", OpenR\'s 10).',
+            low=0.0,
+            low_open=True,
+        ),
         Option("value_clip", 0.2, "the critic's value clip (OpenR: clip_param)", low=0.0),
-        Section("dapo", ""),
-        Option("dapo.success_rate_lb", 0.0, low=0.0, high=1.0),
-        Option("dapo.success_rate_ub", 1.0, low=0.0, high=1.0),
-        Option("dapo.overlong_buffer_len", 0, low=0),
-        Option("dapo.overlong_penalty_factor", 1.0, low=0.0),
+        Section("dapo", 'DAPO\'s reward shaping (algorithm_name="dapo").'),
+        Option(
+            "dapo.success_rate_lb",
+            0.0,
+            (
+                "DAPO's dynamic sampling: a group trains only if its success rate is strictly above this (0: drop "
+                "the all-wrong groups)."
+            ),
+            low=0.0,
+            high=1.0,
+        ),
+        Option(
+            "dapo.success_rate_ub",
+            1.0,
+            (
+                "DAPO's dynamic sampling: a group trains only if its success rate is strictly below this (1: drop "
+                "the all-right groups)."
+            ),
+            low=0.0,
+            high=1.0,
+        ),
+        Option(
+            "dapo.overlong_buffer_len",
+            0,
+            (
+                "DAPO's soft overlong punishment: a response within this many tokens of max_new_tokens loses up to "
+                "overlong_penalty_factor of reward, linearly (0 = off)."
+            ),
+            low=0,
+        ),
+        Option(
+            "dapo.overlong_penalty_factor",
+            1.0,
+            "DAPO's soft overlong punishment: the reward lost by a response at max_new_tokens.",
+            low=0.0,
+        ),
         Option(
             "max_head_offpolicyness",
             0,
@@ -505,7 +910,17 @@ OPTIONS = (
             ),
             low=0.0,
         ),
-        Option("behaviour_weight_cap", None, value_type=float, low=0.0, low_open=True),
+        Option(
+            "behaviour_weight_cap",
+            None,
+            (
+                "AReaL's decoupled loss: tokens whose behaviour importance weight (proximal over behaviour policy) "
+                "exceeds it leave the loss; None keeps all."
+            ),
+            value_type=float,
+            low=0.0,
+            low_open=True,
+        ),
         Option(
             "tis_cap",
             None,
@@ -526,22 +941,38 @@ OPTIONS = (
         "warm-start (before RL, same command)",
         Section(
             "warmstart",
-            (
-                'targets: "teacher" = worked column-by-column solutions from a teacher that drops the carry /'
-                " borrow with probability slip_rate (data/teacher.py; arithmetic level 2 only); with "
-                'dataset_name="countdown", its teacher\'s left-to-right chains whose last operator slips with '
-                'probability slip_rate (data/countdown/teacher.py); "answer" = the bare "\\boxed{answer}" '
-                "(not for countdown, whose gold answer is the instance). With env_name (guess_number): the "
-                "turns of a teacher's games, binary search whose guess slips to the smallest candidate with "
-                "probability slip_rate (envs/guess_number_teacher.py)."
-            ),
+            ("The supervised warm-start before RL."),
         ),
-        Option("warmstart.steps", 1200, low=0),
-        Option("warmstart.batch_size", 32, low=1),
-        Option("warmstart.lr", 0.001, low=0.0, low_open=True),
-        Option("warmstart.warmup_steps", 50, low=0),
-        Option("warmstart.targets", "teacher", choices=("teacher", "answer")),
-        Option("warmstart.slip_rate", 0.7, low=0.0, high=1.0),
+        Option(
+            "warmstart.steps",
+            1200,
+            (
+                "Supervised warm-start steps before RL, in the same command (0 = none): the model imitates "
+                "warmstart.targets."
+            ),
+            low=0,
+        ),
+        Option("warmstart.batch_size", 32, "The warm-start's batch size (sequences per step).", low=1),
+        Option("warmstart.lr", 0.001, "The warm-start's learning rate.", low=0.0, low_open=True),
+        Option("warmstart.warmup_steps", 50, "The warm-start's linear learning-rate warm-up steps.", low=0),
+        Option(
+            "warmstart.targets",
+            "teacher",
+            (
+                '"teacher" = worked solutions from a teacher that slips with probability slip_rate (arithmetic '
+                "level 2: data/teacher.py drops the carry / borrow; countdown: data/countdown/teacher.py; "
+                'guess_number: binary search whose guess slips to the smallest candidate); "answer" = the bare '
+                '"\\boxed{answer}" (not for countdown, whose gold answer is the instance).'
+            ),
+            choices=("teacher", "answer"),
+        ),
+        Option(
+            "warmstart.slip_rate",
+            0.7,
+            "How often the warm-start's teacher slips (0 = a perfect teacher; 0.7 leaves RL something to find).",
+            low=0.0,
+            high=1.0,
+        ),
     ),
     *group(
         "logging, evaluation, checkpoints",
@@ -552,7 +983,16 @@ OPTIONS = (
             resume=MAY_CHANGE,
             low=1,
         ),
-        Option("eval_interval", 10, resume=MAY_CHANGE, low=0),
+        Option(
+            "eval_interval",
+            10,
+            (
+                "Greedy held-out evaluation every this many iterations, at the start and at the last iteration (0 = "
+                "never)."
+            ),
+            resume=MAY_CHANGE,
+            low=0,
+        ),
         Option(
             "eval_n_samples",
             8,
@@ -590,9 +1030,23 @@ OPTIONS = (
             resume=MAY_CHANGE,
             low=1,
         ),
-        Option("save_interval", 20, resume=MAY_CHANGE, low=0),
-        Option("max_to_keep", 2, low=1, resume=MAY_CHANGE),
-        Option("progress", True, resume=MAY_CHANGE),
+        Option(
+            "save_interval",
+            20,
+            "A checkpoint every this many iterations, and at the last one (0 = at the last one only).",
+            resume=MAY_CHANGE,
+            low=0,
+        ),
+        Option(
+            "max_to_keep",
+            2,
+            "Checkpoint steps kept in run_dir/checkpoints (TRL's save_total_limit).",
+            low=1,
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "progress", True, "Show a progress bar on stderr (the metrics are logged either way).", resume=MAY_CHANGE
+        ),
         Option(
             "report_to",
             "tensorboard",
@@ -604,8 +1058,14 @@ OPTIONS = (
             ),
             resume=MAY_CHANGE,
         ),
-        Option("wandb_project", "mathrl_jax", resume=MAY_CHANGE),
-        Option("wandb_mode", "offline", resume=MAY_CHANGE, choices=("offline", "online")),
+        Option("wandb_project", "mathrl_jax", "The wandb project (report_to includes wandb).", resume=MAY_CHANGE),
+        Option(
+            "wandb_mode",
+            "offline",
+            '"offline" writes wandb\'s files to run_dir/wandb (wandb sync uploads them); "online" uploads as it runs.',
+            resume=MAY_CHANGE,
+            choices=("offline", "online"),
+        ),
         Option(
             "export_final",
             True,
@@ -648,25 +1108,60 @@ OPTIONS = (
         ),
         Section(
             "mesh",
-            (
-                "The trainer's mesh. One GPU: the defaults. One host with 8 GPUs: e.g. fsdp=-1 or fsdp=4 "
-                "tp=2. Several hosts: the same flags, over the devices of all hosts."
-            ),
+            ("The trainer's device mesh (dp x fsdp x tp)."),
         ),
-        Option("mesh.dp", 1, resume=MAY_CHANGE),
-        Option("mesh.fsdp", -1, resume=MAY_CHANGE),
-        Option("mesh.tp", 1, resume=MAY_CHANGE),
+        Option(
+            "mesh.dp",
+            1,
+            (
+                "The trainer's mesh (one GPU: the defaults; 8 GPUs: e.g. fsdp=-1, or fsdp=4 tp=2; several hosts: "
+                "the same flags over all hosts' devices): data-parallel replicas (-1 = the devices left)."
+            ),
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "mesh.fsdp",
+            -1,
+            (
+                "The trainer's mesh: the axis the weights and optimizer state are sharded over (FSDP / ZeRO-3; -1 = "
+                "the devices left)."
+            ),
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "mesh.tp",
+            1,
+            "The trainer's mesh: tensor parallelism (Megatron-style column / row splits; -1 = the devices left).",
+            resume=MAY_CHANGE,
+        ),
         Section(
             "sampler_mesh",
-            (
-                "The sampler's mesh: an axis left unset follows the trainer's. E.g. data-parallel decoding "
-                "beside a tensor-parallel trainer: --config.sampler_mesh.dp=-1 --config.sampler_mesh.fsdp=1 "
-                "--config.sampler_mesh.tp=1."
-            ),
+            ("The sampler's device mesh (an axis left unset follows the trainer's)."),
         ),
-        Option("sampler_mesh.dp", None, value_type=int, resume=MAY_CHANGE),
-        Option("sampler_mesh.fsdp", None, value_type=int, resume=MAY_CHANGE),
-        Option("sampler_mesh.tp", None, value_type=int, resume=MAY_CHANGE),
+        Option(
+            "sampler_mesh.dp",
+            None,
+            (
+                "The sampler's mesh: data-parallel decoding (None = the trainer's mesh.dp). E.g. beside a "
+                "tensor-parallel trainer: sampler_mesh.dp=-1 sampler_mesh.fsdp=1 sampler_mesh.tp=1."
+            ),
+            value_type=int,
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "sampler_mesh.fsdp",
+            None,
+            "The sampler's mesh: its fsdp axis (None = the trainer's).",
+            value_type=int,
+            resume=MAY_CHANGE,
+        ),
+        Option(
+            "sampler_mesh.tp",
+            None,
+            "The sampler's mesh: its tensor-parallel axis (None = the trainer's).",
+            value_type=int,
+            resume=MAY_CHANGE,
+        ),
     ),
 )
 

@@ -386,11 +386,13 @@ def test_the_readmes_reward_functions_command_trains(tmp_path):
     block = readme[readme.index("python scripts/train.py --config.reward_source=verifier+functions") :]
     flags = [f for f in block[: block.index("```")].replace("\\\n", " ").split()[2:]]
     assert flags[0] == "--config.reward_source=verifier+functions", flags
+    assert "--config.run_dir=runs/my_rewards" in flags  # its own, not command 1's runs/default: here, the test's
+    flags = [f for f in flags if not f.startswith("--config.run_dir=")]
     short = [*SHORT_RUN, "--config.max_new_tokens=8", "--config.num_iterations=2"]
     done = run_train(tmp_path / "run", *flags, *short)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    trained = [r for r in records if "train/policy_loss" in r]
+    trained = [r for r in records if "train/update_step" in r]  # each iteration, whether a token trained or not
     assert len(trained) == 2 and all(r["rollout/accuracy"] is not None for r in trained)
     assert all(0.0 <= r["rollout/function/boxed_once"] <= 1.0 and 0.0 < r["rollout/function/brevity"] for r in trained)
     assert not [(r["step"], k) for r in records for k, v in r.items() if v is None]

@@ -17,6 +17,7 @@ the JAX params at every iteration (docs/vllm.md).
 | `transfer`        | `JaxWeightSource` (vLLM's `WeightSource`), the trainer side of vLLM's weight transfer    |
 | `shared_memory`   | a weight-transfer engine over files in shared memory (vLLM's CPU build, one host)        |
 | `plugin`          | the `vllm.general_plugins` entry point that registers it in every vLLM process           |
+| `memory`          | `kv_cache_refusal`: a KV cache over the host's memory, said before the CPU engine starts  |
 
 Nothing here imports vLLM or torch until a name that needs them is asked for.
 """
@@ -27,6 +28,7 @@ _WHERE = {
     "VllmSampler": "engine",
     "VLLM_MISSING": "engine",
     "is_cpu_build": "engine",
+    "kv_cache_refusal": "memory",
     "VllmServerSampler": "server",
     "ServerError": "server",
     "describe_server": "server",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any, List, Optional
 
 from mathrl_jax.errors import fail
@@ -18,10 +19,10 @@ from mathrl_jax.models.hub import HubModelError, resolve_dataset_path, resolve_m
 from mathrl_jax.rewards.arithmetic_steps import NAME as ARITHMETIC_STEPS
 from mathrl_jax.rewards.countdown_steps import NAME as COUNTDOWN_STEPS
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
-from mathrl_jax.sampling.vllm import VLLM_MISSING, ServerError, describe_server
+from mathrl_jax.sampling.vllm import VLLM_MISSING, ServerError, describe_server, is_cpu_build, kv_cache_refusal
 from mathrl_jax.train.rollouts import check_prompts, check_warmstart_data, load_data, load_hard_eval, prompt_settings
 from mathrl_jax.train.setup._resume import check_resumed_config
-from mathrl_jax.train.setup._validation import validate_config
+from mathrl_jax.train.setup._validation import num_iterations, validate_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +43,7 @@ class CheckedInputs:
 def check_inputs(config, reward_functions=None) -> CheckedInputs:
     """Every input `config` names, checked (and Hub ids resolved in `config`), before anything is written."""
     if reward_functions:  # given in Python: the config says how they combine with the verifier
-        if "functions" not in str(config.reward_source):
-            config.reward_source = "functions"
+        _combine_given_functions(config)
         config.reward.functions = ",".join(getattr(f, "__name__", "function") for f in reward_functions)
     validate_config(config)
     _resolve_hub_ids(config)
@@ -70,7 +70,8 @@ def check_inputs(config, reward_functions=None) -> CheckedInputs:
 
 
 def _resolve_hub_ids(config) -> None:
-    """Each path option that names a Hub id: its snapshot in the local cache (nothing is downloaded)."""
+    """Each path option made absolute, or, naming a Hub id, its snapshot in the local cache, downloaded first unless
+    HF_HUB_OFFLINE is set (`models.hub`); a missing local path is refused, never looked up on the Hub."""
     resolvers = dict(
         model_name_or_path=resolve_model_dir,
         prm_model_name_or_path=resolve_model_dir,
@@ -87,11 +88,16 @@ def _resolve_hub_ids(config) -> None:
 
 
 def _check_vllm(config) -> None:
-    """vLLM installed; a server that is not there, or lacks what the sampler needs, refused before any write."""
+    """vLLM installed; a CPU engine's KV cache over the host's memory, a server that is not there, or lacks what the
+    sampler needs, refused before any write."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         fail(f"sampler='vllm': {VLLM_MISSING}; or use sampler='jax'")
+    if not config.vllm.server_url and is_cpu_build():  # a GPU engine checks its own memory, before loading
+        refusal = kv_cache_refusal(config.vllm.kv_cache_gib, config.vllm.tensor_parallel_size)
+        if refusal:
+            fail(refusal)
     if config.vllm.server_url:
         try:
             describe_server(
@@ -110,15 +116,36 @@ def vllm_max_model_len(config) -> Optional[int]:
     return None if config.env_name else config.max_prompt_length + config.max_new_tokens
 
 
+def _combine_given_functions(config) -> None:
+    """Reward functions given in Python, with `reward_source` left at "verifier" (the default): added to the
+    verifier's score ("verifier+functions", one line says so), never in its place; "functions" and
+    "verifier+functions" stand as set; a source they do not combine with (a PRM) is refused."""
+    source = str(config.reward_source)
+    if source == "verifier":
+        config.reward_source = "verifier+functions"
+        print(
+            "reward functions given in Python with reward_source='verifier': using reward_source='verifier+functions' "
+            "(the verifier's score plus theirs; reward_source='functions' for theirs alone)",
+            file=sys.stderr,
+        )
+    elif "functions" not in source:
+        fail(
+            f"reward_source={source!r} with reward functions given in Python: expected 'functions' (theirs alone) or "
+            "'verifier+functions' (added to the verifier's score)"
+        )
+
+
 def _reward_functions(config, given):
     """The run's `RewardFunctions`: `given` (Python callables) or those `reward.functions` names; None without."""
     if "functions" not in config.reward_source:
         return None
     try:
         timeout_s = config.reward.function_timeout_s
+        max_steps = num_iterations(config)  # the functions' trainer_state.max_steps
         if given:
-            return RewardFunctions(list(given), parse_weights(config.reward.weights, len(given)), timeout_s=timeout_s)
-        return RewardFunctions.from_config(config.reward.functions, config.reward.weights, timeout_s)
+            weights = parse_weights(config.reward.weights, len(given))
+            return RewardFunctions(list(given), weights, timeout_s=timeout_s, max_steps=max_steps)
+        return RewardFunctions.from_config(config.reward.functions, config.reward.weights, timeout_s, max_steps)
     except RewardFunctionError as error:
         fail(str(error))
 

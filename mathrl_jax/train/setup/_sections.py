@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
+from mathrl_jax import losses
 from mathrl_jax.evaluation import EvalSettings
 from mathrl_jax.sampling.base import SamplingParams
 from mathrl_jax.train import algorithms
@@ -34,6 +35,7 @@ def update_config(config) -> update_lib.UpdateConfig:
     if update_lib.policy_loss_use(policy_loss).per_action and not config.appo_action_ratio:
         policy_loss = "ppo"  # APPO with token-level ratios and the step's advantage on each token
     whitening = algorithm.openr_whitening if config.advantage_whitening == "openr" else None
+    mode = losses.canonical_loss_agg_mode(config.loss_agg_mode)  # TRL's loss_type names too (dr_grpo, bnpo, ...)
     cfg = update_lib.UpdateConfig(
         ppo_epoch=config.ppo_epoch,
         num_mini_batch=config.num_mini_batch,
@@ -43,8 +45,8 @@ def update_config(config) -> update_lib.UpdateConfig:
         clip_high=config.clip_high,
         clip_c=config.clip_c,
         behaviour_weight_cap=config.behaviour_weight_cap,
-        loss_agg_mode=config.loss_agg_mode,
-        norm_constant=float(config.max_new_tokens) if config.loss_agg_mode == "seq-mean-token-sum-norm" else None,
+        loss_agg_mode=mode,
+        norm_constant=float(config.max_new_tokens) if mode == "seq-mean-token-sum-norm" else None,  # TRL's L_max
         entropy_coef=config.entropy_coef,
         kl_coef=config.kl_coef,
         kl_kind=config.kl_kind,
@@ -54,6 +56,7 @@ def update_config(config) -> update_lib.UpdateConfig:
         value_loss_type=config.value_loss_type,
         huber_delta=config.huber_delta,
         minibatch_whitening=whitening,
+        lora_dropout=float(config.lora.dropout) if config.lora.rank else 0.0,  # PEFT's lora_dropout, the update's
     )
     # `skip_zero_advantage` where it changes no gradient (the config's comment).
     skip = config.skip_zero_advantage and update_lib.zero_advantage_rows_are_inert(cfg, has_critic=algorithm.critic)
@@ -175,8 +178,12 @@ def batch_settings(config, update: update_lib.UpdateConfig) -> BatchSettings:
         pack_length=int(config.pack_length) if config.packing else None,
         update=update,
         tis_cap=config.tis_cap,
-        sampler_filters=not (config.top_p == 1.0 and config.top_k <= 0),
+        # The sampler's log-probs are not the tempered policy's where it filters (top-p, top-k, min-p) or penalizes.
+        sampler_filters=(
+            config.top_p < 1.0 or config.top_k > 0 or config.min_p > 0.0 or config.repetition_penalty != 1.0
+        ),
         dapo=dapo,
+        mask_truncated_completions=bool(config.mask_truncated_completions),
     )
 
 
@@ -188,6 +195,8 @@ def rollout_settings(config) -> RolloutSettings:
             temperature=config.temperature,
             top_p=config.top_p,
             top_k=config.top_k,
+            min_p=config.min_p,
+            repetition_penalty=config.repetition_penalty,
             max_new_tokens=config.max_new_tokens,
         ),
         seed=config.seed,
@@ -275,4 +284,6 @@ def run_settings(config) -> RunSettings:
         shuffle_rewards=bool(config.shuffle_rewards),
         max_new_tokens=config.max_new_tokens,
         prompts_per_iteration=config.n_rollout_threads,
+        log_completions_every=config.log_completions_every if config.log_completions else 0,
+        num_completions_to_print=config.num_completions_to_print,
     )

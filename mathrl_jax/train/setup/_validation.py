@@ -21,20 +21,26 @@ from mathrl_jax.train.setup._task_checks import check_column_chain, check_countd
 
 BUILT_IN_TASKS = ("arithmetic", "countdown")
 """The dataset_names of the procedural tasks, which read no file."""
-DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl")
+DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl", "trl", "custom")
+"""The dataset_names of a file's layout (`data.sources.LAYOUTS`); "custom" is the one `data.fields` maps."""
 
 
-ALGORITHM_SPELLINGS = {"dr_grpo": "drgrpo", "dr-grpo": "drgrpo"}
-"""Other systems' names of the algorithms here: TRL's `dr_grpo` (its `loss_type`)."""
+ALGORITHM_SPELLINGS = {"dr_grpo": "drgrpo", "dr-grpo": "drgrpo", "reinforce_plus_plus_baseline": "reinforce_pp"}
+"""Other systems' names of the algorithms here: TRL's `dr_grpo` (its `loss_type`), verl's adv_estimator
+`reinforce_plus_plus_baseline`."""
 
 
 def normalize_config(config) -> None:
     """Spellings other systems use, in place: names in any case (the options `case_free` in the table), other
-    systems' algorithm names (`ALGORITHM_SPELLINGS`)."""
+    systems' algorithm names (`ALGORITHM_SPELLINGS`), TRL's loss_type names of loss_agg_mode's values."""
     for option in options.options_of(default.OPTIONS):
         if option.case_free and isinstance(config[option.key], str):
             config[option.key] = config[option.key].lower()
     config.algorithm_name = ALGORITHM_SPELLINGS.get(config.algorithm_name, config.algorithm_name)
+    from mathrl_jax.losses import aggregate
+
+    if config.loss_agg_mode in aggregate.TRL_LOSS_TYPES:  # one spelling of a mode: a resume compares it as text
+        config.loss_agg_mode = aggregate.canonical_loss_agg_mode(config.loss_agg_mode)
     from mathrl_jax.models import lora
 
     try:  # one spelling of a target list ("v_proj, q_proj" is "q_proj,v_proj"): a resume compares it as text
@@ -74,6 +80,8 @@ def validate_values(config) -> None:
         fail(f"lora.rank={c.lora.rank!r}: must be a whole number (0: no adapters)")
     if c.sampler == "vllm" and c.vllm.lora_sync == "adapter" and isinstance(c.lora.rank, int) and c.lora.rank > 512:
         fail(f"lora.rank={c.lora.rank} with vllm.lora_sync='adapter': vLLM's LoRA takes ranks up to 512")
+    if c.lora.dropout and not c.lora.rank:
+        fail(f"lora.dropout={c.lora.dropout} drops the input of LoRA adapters: it needs lora.rank > 0 (got 0)")
     if c.lora.rank:
         from mathrl_jax.models import lora
 
@@ -92,7 +100,10 @@ def validate_values(config) -> None:
     if c.dataset_path and c.dataset_name in BUILT_IN_TASKS:
         fail(
             f"dataset_path={c.dataset_path!r} is set but dataset_name={c.dataset_name!r} (a built-in task, which "
-            "reads no file): name the file's layout, e.g. --config.dataset_name=auto"
+            "reads no file): start from the own-data recipe, which reads it (any layout, an instruct model, its "
+            f"chat template): --config=mathrl_jax/configs/own_data.py --config.dataset_path={c.dataset_path} "
+            "(or keep this config with --config.dataset_name=auto --config.warmstart.steps=0 and a "
+            "max_prompt_length that holds your prompts)"
         )
     if c.run_dir and os.path.exists(c.run_dir) and not os.path.isdir(c.run_dir):
         fail(f"run_dir={c.run_dir!r} exists and is not a directory")
@@ -139,6 +150,44 @@ def check_data_source(c) -> None:
         )
     if c.dataset_name not in BUILT_IN_TASKS and not c.dataset_path:
         fail(f"dataset_name={c.dataset_name!r} needs --config.dataset_path (a local file or directory)")
+    check_data_fields(c)
+    check_eval_holdout(c)
+
+
+def check_data_fields(c) -> None:
+    """`data.fields` parses (`sources.parse_fields`) and is the layout of a file (dataset_name "auto" or "custom");
+    "custom" needs it. Whether the file has those fields is checked where it loads."""
+    if not c.data.fields:
+        if c.dataset_name == "custom":
+            fail("dataset_name='custom' needs --config.data.fields (e.g. question:problem,answer:gold)")
+        return
+    if c.dataset_name not in ("auto", "custom"):
+        fail(
+            f"data.fields={c.data.fields!r} defines the layout, but dataset_name={c.dataset_name!r} names another: "
+            "use --config.dataset_name=auto (or custom) with data.fields, or drop data.fields"
+        )
+    try:
+        sources.parse_fields(c.data.fields)
+    except ValueError as error:
+        fail(str(error))
+
+
+def check_eval_holdout(c) -> None:
+    """`eval_holdout` holds problems of a data file out for evaluation: it reaches nothing with an evaluation file
+    or split of its own, or with a built-in task (which draws its held-out problems apart)."""
+    if c.eval_holdout == -1:
+        return
+    if c.dataset_name in BUILT_IN_TASKS:
+        fail(
+            f"eval_holdout={c.eval_holdout} holds problems of a data file out, but dataset_name={c.dataset_name!r} "
+            f"draws its held-out problems apart ({c.dataset_name}.num_eval); --config.num_eval_problems=0 evaluates "
+            "none"
+        )
+    if c.eval_holdout > 0 and (c.eval_dataset_path or c.eval_dataset_split):
+        fail(
+            f"eval_holdout={c.eval_holdout} holds problems of the training file out, but the run evaluates on "
+            f"eval_dataset_path={c.eval_dataset_path!r}, eval_dataset_split={c.eval_dataset_split!r}: drop one"
+        )
 
 
 def check_batch_shape(c) -> None:
@@ -172,6 +221,12 @@ def check_algorithm_fits(c, algorithm) -> None:
         multi_turn = [name for name, a in algorithms.ALGORITHMS.items() if a.multi_turn]
         fail(
             f"env_name={c.env_name!r} (multi-turn) trains with algorithm_name in {multi_turn}, not {c.algorithm_name!r}"
+        )
+    sequence_or_action = algorithm.policy_loss == "gspo" or (algorithm.actions and c.appo_action_ratio)
+    if c.clip_c is not None and sequence_or_action and algorithm.policy_loss != "ppo":
+        fail(
+            f"clip_c={c.clip_c} (the dual clip of token-level PPO) is not part of {c.algorithm_name}'s loss "
+            f"({algorithm.policy_loss!r}); drop it"
         )
     if c.env_name and c.warmstart.steps > 0 and c.warmstart.targets != "teacher":
         fail(
@@ -241,12 +296,14 @@ def check_vllm(c, algorithm) -> None:
             "vllm.lora_sync='adapter' runs on one in-process worker: use vllm.lora_sync='merged' with "
             f"vllm.server_url={c.vllm.server_url!r}, vllm.tensor_parallel_size={tp}"
         )
-    filtered = c.top_p < 1.0 or c.top_k > 0
+    filtered = c.top_p < 1.0 or c.top_k > 0 or c.min_p > 0.0 or c.repetition_penalty != 1.0
     if (c.old_logprobs == "sampler" or algorithm.decoupled) and (filtered or c.temperature != 1.0):
         fail(
-            "sampler='vllm' reports the policy's own log-probs only at temperature 1 without top_p / top_k (it "
-            "reports those of the distribution it sampled from); old_logprobs='sampler' and async_ppo's "
-            f"behaviour log-probs need them: got temperature={c.temperature}, top_p={c.top_p}, top_k={c.top_k}"
+            "sampler='vllm' reports the policy's own log-probs only at temperature 1 without top_p / top_k / "
+            "min_p / repetition_penalty (it reports those of the distribution it sampled from); "
+            "old_logprobs='sampler' and async_ppo's behaviour log-probs need them: got "
+            f"temperature={c.temperature}, top_p={c.top_p}, top_k={c.top_k}, min_p={c.min_p}, "
+            f"repetition_penalty={c.repetition_penalty}"
         )
 
 

@@ -178,6 +178,24 @@ def test_names_are_taken_in_any_case():
     assert config.algorithm_name == "drgrpo"
 
 
+def test_trls_loss_type_names_are_one_spelling_of_a_mode():
+    """`--config.loss_type=dr_grpo` (TRL's name, through its alias) is saved as the mode it means, so that a resume
+    naming the mode either way compares equal."""
+    config = default.get_config()
+    config.loss_agg_mode = "dr_grpo"
+    validation.validate_settings(config)
+    assert config.loss_agg_mode == "seq-mean-token-sum-norm"
+
+
+@pytest.mark.parametrize("algorithm_name", ["gspo", "appo"])
+def test_a_dual_clip_is_refused_where_the_loss_has_none(algorithm_name):
+    """GSPO's sequence ratio and APPO's action ratio have no dual clip: clip_c was ignored without a word."""
+    config = default.get_config()
+    config.algorithm_name, config.clip_c = algorithm_name, 3.0
+    with pytest.raises(TrainingError, match=rf"clip_c=3.0 .* is not part of {algorithm_name}'s loss"):
+        validation.validate_settings(config)
+
+
 def test_the_arithmetic_process_verifier_needs_its_task_and_step_split():
     """`prm_model_name_or_path='arithmetic_steps'` (no checkpoint: the built-in verifier) scores two-digit
     column steps split at ','; any other task or split is refused naming them."""
