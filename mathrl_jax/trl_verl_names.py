@@ -243,18 +243,19 @@ def suggestions(name: str, keys: Iterable[str]) -> list[str]:
         refused = _REFUSED[name]
         return [f"{refused.use} ({refused.system}'s {name} means something else)"]
     keys = list(keys)
-    candidates = {key: key for key in keys}
-    candidates.update({alias.name: f"{alias.key} ({alias.system}'s {alias.name})" for alias in ALIASES})
-    candidates.update({r.name: f"{r.key} (not {r.system}'s {r.name}, which differs)" for r in _REFUSED.values()})
+    candidates = {key: (key, key) for key in keys}  # name -> (the key it means, how it is shown)
+    candidates.update({a.name: (a.key, f"{a.key} ({a.system}'s {a.name})") for a in ALIASES})
+    candidates.update({r.name: (r.key, f"{r.key} (not {r.system}'s {r.name}, which differs)") for r in REFUSED})
     # Match the last dotted part too: a verl key without its section prefix, or a section's key without its section.
     close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.75)
     tail = name.rsplit(".", 1)[-1]
     close += [c for c in candidates if c.rsplit(".", 1)[-1] == tail and c not in close][:2]
     seen, found = set(), []
-    for match in close:
-        if candidates[match] not in seen:
-            seen.add(candidates[match])
-            found.append(candidates[match])
+    for match in close:  # one suggestion per key, the closest name first
+        key, shown = candidates[match]
+        if key not in seen:
+            seen.add(key)
+            found.append(shown)
     return found
 
 

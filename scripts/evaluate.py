@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     import jax
 
     from mathrl_jax import sharding
-    from mathrl_jax.data import arithmetic, format_prompt, load_problems
+    from mathrl_jax.data import arithmetic, load_problems, problem_prompt
     from mathrl_jax.data.sources import DataError
     from mathrl_jax.errors import TrainingError
     from mathrl_jax.evaluation import evaluate
@@ -235,7 +235,9 @@ def main(argv=None) -> int:
         sampler = JaxSampler(
             model, eos_token_ids=[codec.eos_token_id], pad_token_id=codec.pad_token_id, tokenizer=codec, mesh=mesh
         )
-    prompts = [codec.encode(format_prompt(p.question, args.template, tokenizer=codec.tokenizer)) for p in problems]
+    # As training renders them: chat messages through the tokenizer's template, else the question under --template.
+    texts = [problem_prompt(p, args.template, tokenizer=codec.tokenizer, source=args.model) for p in problems]
+    prompts = [codec.encode(text) for text in texts]
     from tqdm import tqdm
 
     passes = 2 if args.n_samples else 1  # greedy, then the samples
@@ -262,8 +264,8 @@ def main(argv=None) -> int:
     metrics["problems"] = len(problems)
     if records is not None and main_process:
         with open(args.out, "w", encoding="utf-8") as f:
-            for problem, record in zip(problems, records):
-                f.write(json.dumps({"uid": problem.uid, "question": problem.question, **record}) + "\n")
+            for problem, text, record in zip(problems, texts, records):
+                f.write(json.dumps({"uid": problem.uid, "question": problem.question, "prompt": text, **record}) + "\n")
     if not several or jax.process_index() == 0:  # accuracies to 4 places: 0.8218, not 0.8218000000000001
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=2))
     return 0

@@ -40,7 +40,7 @@ def parse_config(argv):
     except OSError as error:  # a config file that does not load, met while applying an override to it
         fail(f"cannot load the config: {' '.join(str(error).split())}")
     except (KeyError, AttributeError) as error:
-        unknown = unknown_key(argv)
+        unknown = unknown_key(argv, str(error))
         if unknown:
             fail(unknown)
         while error.args and isinstance(error.args[0], BaseException):  # an AttributeError around the KeyError
@@ -71,22 +71,24 @@ def resolve_names(argv):
     return argv
 
 
-def unknown_key(argv):
-    """The line for the first `--config.KEY` that is not an option of the table, with what it may have meant
-    (our keys and TRL's / verl's names: `names.suggestions`); None if each is one."""
+def unknown_key(argv, error: str = ""):
+    """The line for the `--config.KEY` that is not an option of the table (the one ml_collections' `error` names,
+    else the first), with what it may have meant (our keys and TRL's / verl's names: `names.suggestions`); None if
+    each is one (a key a config file of the user's adds: ml_collections' own message then stands)."""
     from mathrl_jax import trl_verl_names as names
     from mathrl_jax.configs import default
     from mathrl_jax.options import options_of
 
     keys = [option.key for option in options_of(default.OPTIONS)]
-    for arg in argv[1:]:
-        if not arg.startswith("--config.") or arg.split("=", 1)[0][len("--config.") :] in keys:
-            continue
-        key = arg.split("=", 1)[0][len("--config.") :]
-        maybe = names.suggestions(key, keys)
-        hint = f"; did you mean {' or '.join(maybe)}?" if maybe else ""
-        return f"--config has no key {key!r}{hint} (`python scripts/train.py --help` lists every key)"
-    return None
+    given = [a.split("=", 1)[0][len("--config.") :] for a in argv[1:] if a.startswith("--config.")]
+    unknown = [key for key in given if key not in keys]
+    named = [key for key in unknown if f"'{key.rsplit('.', 1)[-1]}'" in error]  # the key ml_collections named
+    if not (named or unknown):
+        return None
+    key = (named or unknown)[0]
+    maybe = names.suggestions(key, keys)
+    hint = f"; did you mean {' or '.join(maybe)}?" if maybe else ""
+    return f"--config has no key {key!r}{hint} (`python scripts/train.py --help` lists every key)"
 
 
 def join_processes(config) -> bool:

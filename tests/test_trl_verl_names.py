@@ -75,7 +75,9 @@ def test_resolve_names_refuses_other_meanings_and_two_values_of_one_key():
     ],
 )
 def test_suggestions_go_through_the_tables_first(typed, first):
-    assert names.suggestions(typed, KEYS)[0] == first
+    found = names.suggestions(typed, KEYS)
+    assert found[0] == first
+    assert len({shown.split(" ", 1)[0] for shown in found}) == len(found), f"a key suggested twice: {found}"
 
 
 def test_train_py_refuses_and_suggests_in_one_line():

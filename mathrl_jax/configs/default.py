@@ -26,10 +26,12 @@ OPTIONS = (
             "algorithm_name",
             "grpo",
             (
-                "The algorithm (train/algorithms.py; docs/training.md): grpo, drgrpo (Dr. GRPO), dapo, gspo (TRL's "
-                'importance_sampling_level="sequence"), rloo, reinforce_pp (REINFORCE++-baseline), ppo (a critic, '
-                "GAE), appo and tppo (OpenR's, a critic over reasoning steps), async_ppo (AReaL's decoupled loss, "
-                "rollouts ahead of the trainer), reinforce_rebn (GEM's multi-turn ReBN). Any case; TRL's and verl's "
+                "The algorithm (train/algorithms.py; docs/training.md): grpo, drgrpo (Dr. GRPO), dapo, gspo "
+                '(TRL\'s importance_sampling_level="sequence"; its sequence ratio is clipped at clip_low / '
+                "clip_high as TRL's epsilon, so the GSPO paper's is --config.clip_low=3e-4 "
+                "--config.clip_high=4e-4), rloo, reinforce_pp (REINFORCE++-baseline), ppo (a critic, GAE), appo "
+                "and tppo (OpenR's, a critic over reasoning steps), async_ppo (AReaL's decoupled loss, rollouts "
+                "ahead of the trainer), reinforce_rebn (GEM's multi-turn ReBN). Any case; TRL's and verl's "
                 "spellings too (Dr_GRPO, ...)."
             ),
             choices="mathrl_jax.train.algorithms:NAMES",
@@ -55,7 +57,10 @@ OPTIONS = (
         Option(
             "resume",
             True,
-            "continue from the latest checkpoint in run_dir/checkpoints if there is one",
+            (
+                "Continue from the latest intact checkpoint in run_dir/checkpoints if there is one (the same "
+                "command again resumes a run); False starts over."
+            ),
             resume=MAY_CHANGE,
         ),
         Option(
@@ -271,7 +276,8 @@ OPTIONS = (
             (
                 "A mapping from the layout's roles to your file's fields, comma-separated \"ROLE:FIELD\" pairs "
                 '("question:problem,answer:gold"); ROLE is question, answer, solution, uid, level or subject. '
-                'Given, it defines the layout (dataset_name "auto"); "" = the layout\'s own fields.'
+                'Given, it defines the layout (dataset_name "auto" or "custom"); "" = the layout\'s own '
+                "fields."
             ),
         ),
         Section("arithmetic", 'The offline arithmetic task (dataset_name="arithmetic", data/arithmetic.py).'),
@@ -355,7 +361,12 @@ OPTIONS = (
         Option(
             "prompt_template",
             "plain",
-            "plain boxed verl_boxed r1_zero chat chat_plain",
+            (
+                "How a question becomes the prompt (data/prompts.py): plain (the question), boxed (+ Qwen2.5-Math's "
+                "\\boxed{} instruction), verl_boxed (+ verl's), r1_zero (DeepSeek-R1-Zero's template), chat / "
+                "chat_plain (the tokenizer's chat template over the boxed / plain question). Chat-message data goes "
+                "through the chat template with the instruction of boxed / chat appended to its last user message."
+            ),
             choices="mathrl_jax.data.prompts:TEMPLATE_NAMES",
         ),
         Option(
@@ -370,14 +381,28 @@ OPTIONS = (
         Option(
             "num_eval_problems",
             500,
-            "200 problems give about +-3 points of noise; 500 about +-2",
+            (
+                "How many held-out problems each evaluation scores (200 give about +-3 points of noise on an "
+                "accuracy, 500 about +-2); 0 = none."
+            ),
             low=0,
             resume=MAY_CHANGE,
         ),
     ),
     *group(
         "rollout",
-        Option("sampler", "jax", "jax | vllm", resume=MAY_CHANGE, choices=("jax", "vllm"), case_free=True),
+        Option(
+            "sampler",
+            "jax",
+            (
+                'What samples the rollouts: "jax" (the pure-JAX sampler with a KV cache, in this process) or '
+                '"vllm" (vLLM\'s engine in this process, over tensor-parallel workers, or a server: the vllm '
+                "options; docs/vllm.md). Evaluations use the JAX sampler."
+            ),
+            resume=MAY_CHANGE,
+            choices=("jax", "vllm"),
+            case_free=True,
+        ),
         Section(
             "jax_sampler",
             ('The pure-JAX sampler (sampler="jax").'),
@@ -495,10 +520,40 @@ OPTIONS = (
             low=0.0,
             low_open=True,
         ),
-        Option("n_rollout_threads", 32, "prompts per iteration", low=1),
-        Option("group_size", 8, "samples per prompt (GRPO's G)", low=1),
-        Option("episode_length", 1, "turns per episode (multi-turn envs) / steps (step-wise)", low=1),
-        Option("max_new_tokens", 40, "the warm-start's worked solutions take up to 33 tokens with EOS", low=1),
+        Option(
+            "n_rollout_threads",
+            32,
+            "Prompts per iteration (OpenR's name; verl's data.train_batch_size): each sampled group_size times.",
+            low=1,
+        ),
+        Option(
+            "group_size",
+            8,
+            (
+                "Completions sampled per prompt (GRPO's G; TRL's num_generations, verl's rollout.n); the group "
+                "baselines compare them."
+            ),
+            low=1,
+        ),
+        Option(
+            "episode_length",
+            1,
+            (
+                "Multi-turn environments: the turns an episode may take; step-wise rewards: the steps a response is "
+                "cut into."
+            ),
+            low=1,
+        ),
+        Option(
+            "max_new_tokens",
+            40,
+            (
+                "The most tokens a completion may have (TRL's max_completion_length, verl's max_response_length); "
+                "one that reaches it without EOS is truncated (rollout/truncated_fraction). The offline default's "
+                "40 holds the warm-start's worked solutions (up to 33 tokens with EOS)."
+            ),
+            low=1,
+        ),
         Option(
             "temperature",
             1.0,
@@ -554,7 +609,10 @@ OPTIONS = (
         Option(
             "num_env_steps",
             0,
-            "if > 0: iterations = num_env_steps / (n_rollout_threads * group_size * episode_length)",
+            (
+                "OpenR's budget: if > 0, the iterations are num_env_steps / (n_rollout_threads x group_size x "
+                "episode_length), in place of num_iterations."
+            ),
             resume=MAY_CHANGE,
             low=0,
         ),
@@ -564,7 +622,12 @@ OPTIONS = (
         Option(
             "reward_source",
             "verifier",
-            "verifier | prm | prm+verifier (PRM step scores on action ends) | functions | verifier+functions",
+            (
+                "What scores a completion: verifier (math-verify of the boxed answer against the gold), prm (a "
+                "process reward model's step scores), prm+verifier (PRM step scores on the steps' ends plus the "
+                "verifier's at the last), functions (your reward.functions alone), verifier+functions (their "
+                "weighted sum added to the verifier's score)."
+            ),
             choices=("verifier", "prm", "prm+verifier", "functions", "verifier+functions"),
         ),
         Section("prm", "The process reward model (reward_source prm or prm+verifier)."),
@@ -584,7 +647,14 @@ OPTIONS = (
                 "probability of the first among them at its tag."
             ),
         ),
-        Option("env_name", "", '"" = single-turn problems; guess_number = GEM\'s multi-turn game (reinforce_rebn)'),
+        Option(
+            "env_name",
+            "",
+            (
+                'A multi-turn environment in place of single-turn problems: "" = none; guess_number = GEM\'s '
+                "GuessTheNumber (algorithm_name reinforce_rebn)."
+            ),
+        ),
         Section(
             "guess_number",
             ('GEM\'s GuessTheNumber-v0 (env_name="guess_number").'),
@@ -637,11 +707,13 @@ OPTIONS = (
             "reward.functions",
             "",
             (
-                'Your own reward functions (reward_source "functions" or "verifier+functions"), comma-separated '
-                '"module:function" or "path/to/file.py:function", called as TRL calls its reward_funcs '
-                "(prompts, completions, completion_ids, trainer_state, the data's columns; rewards/functions.py). "
-                "Each result must be one number (or None) per completion, finite in float32, else the run stops "
-                "naming the function and value."
+                'Your own reward functions (reward_source "functions" or "verifier+functions"), '
+                'comma-separated "module:function" or "path/to/file.py:function", called as TRL calls its '
+                "reward_funcs (prompts, completions, completion_ids, trainer_state, and the problem's question, "
+                "answer (also as solution and ground_truth: the gold answer), worked_solution, level, subject, "
+                "uid; chat-message data in TRL's conversational shape; rewards/functions.py). Each result must "
+                "be one number (or None) per completion, finite in float32, else the run stops naming the "
+                "function and value."
             ),
         ),
         Option(
@@ -692,7 +764,16 @@ OPTIONS = (
             ),
             low=1,
         ),
-        Option("micro_batch_size", 0, "0 = the whole minibatch", resume=MAY_CHANGE, low=0),
+        Option(
+            "micro_batch_size",
+            0,
+            (
+                "Rows per forward / backward pass, their gradients summed into the minibatch's one step (gradient "
+                "accumulation); 0 = the whole minibatch in one pass."
+            ),
+            resume=MAY_CHANGE,
+            low=0,
+        ),
         Option(
             "old_logprobs",
             "auto",
@@ -718,7 +799,7 @@ OPTIONS = (
         Option(
             "pack_length",
             128,
-            "tokens per packed row; at least the batch width (the longest prompt + completion)",
+            "With packing: the tokens of one packed row; at least the batch width (the longest prompt + completion).",
             resume=MAY_CHANGE,
             low=0,
         ),
@@ -740,15 +821,23 @@ OPTIONS = (
             "lr",
             3e-5,
             (
-                "Small: RL starts a fresh Adam on a warm-started policy, and Adam's first steps move "
-                "every weight by ~lr (1e-4 already makes the offline default's held-out accuracy swing by"
-                " 10 points between evaluations)."
+                "The policy's learning rate (TRL's learning_rate). Small: RL starts a fresh Adam on a "
+                "warm-started policy, and Adam's first steps move every weight by about lr: 1e-4 already makes "
+                "the offline default's held-out accuracy swing by 10 points between evaluations."
             ),
             low=0.0,
             low_open=True,
         ),
         Option("critic_lr", 0.001, "The critic's learning rate (PPO, APPO, TPPO).", low=0.0, low_open=True),
-        Option("lr_schedule", "constant", "constant linear cosine", choices="mathrl_jax.train.state:SCHEDULES"),
+        Option(
+            "lr_schedule",
+            "constant",
+            (
+                "The policy's learning rate after warm-up: constant, linear (to 0 at the last step) or cosine "
+                "(TRL's lr_scheduler_type)."
+            ),
+            choices="mathrl_jax.train.state:SCHEDULES",
+        ),
         Option("warmup_steps", 10, "Optimizer steps of linear learning-rate warm-up from 0 (then lr_schedule).", low=0),
         Option(
             "optimizer",
@@ -769,7 +858,7 @@ OPTIONS = (
             low=0.0,
             low_open=True,
         ),
-        Option("adam_eps", 1e-8, "OpenR: 1e-5", low=0.0, low_open=True),
+        Option("adam_eps", 1e-8, "AdamW's epsilon (OpenR uses 1e-5).", low=0.0, low_open=True),
         Option(
             "clip_low",
             0.2,
@@ -780,8 +869,27 @@ OPTIONS = (
             low=0.0,
             high=1.0,
         ),
-        Option("clip_high", None, "None = clip_low; DAPO: 0.28", value_type=float, low=0.0),
-        Option("clip_c", None, "dual clip", value_type=float, low=1.0, low_open=True),
+        Option(
+            "clip_high",
+            None,
+            (
+                "The PPO ratio clip above (1 + clip_high; TRL's epsilon_high, verl's clip_ratio_high; DAPO's "
+                "clip-higher: 0.28); None = clip_low."
+            ),
+            value_type=float,
+            low=0.0,
+        ),
+        Option(
+            "clip_c",
+            None,
+            (
+                "The dual clip of token-level PPO (verl's clip_ratio_c, e.g. 3): a negative advantage's loss is "
+                "bounded by clip_c x |A|; None = off."
+            ),
+            value_type=float,
+            low=1.0,
+            low_open=True,
+        ),
         Option(
             "loss_agg_mode",
             "token-mean",
@@ -808,7 +916,15 @@ OPTIONS = (
                 "(verl's entropy_coeff)."
             ),
         ),
-        Option("kl_coef", 0.0, "KL to the reference, in the loss", low=0.0),
+        Option(
+            "kl_coef",
+            0.0,
+            (
+                "The KL loss to the reference model: this coefficient times the kl_kind estimate is added to the "
+                "policy loss (TRL's beta, verl's kl_loss_coef); 0 = no reference model."
+            ),
+            low=0.0,
+        ),
         Option(
             "kl_kind",
             "k3",
@@ -819,29 +935,57 @@ OPTIONS = (
             choices="mathrl_jax.losses.kl:KL_KINDS",
             case_free=True,
         ),
-        Option("kl_reward_coef", 0.0, "KL to the reference, in the reward (PPO family)", low=0.0),
+        Option(
+            "kl_reward_coef",
+            0.0,
+            (
+                "The KL penalty in the reward (PPO family, verl's algorithm.kl_ctrl.kl_coef): each token's reward "
+                "loses this times its KL to the reference; 0 = off."
+            ),
+            low=0.0,
+        ),
         Option("gamma", 1.0, "The discount of GAE (PPO family) and of multi-turn returns.", low=0.0, high=1.0),
         Option("lam", 0.95, "GAE's lambda.", low=0.0, high=1.0),
         Option(
             "target_kl",
             None,
-            "OpenR: a minibatch whose approx-KL is over it skips its policy step (0.02)",
+            (
+                "OpenR's early stop: a minibatch whose approximate KL to the old policy exceeds it skips its policy "
+                "step (OpenR uses 0.02); None = off."
+            ),
             value_type=float,
             low=0.0,
             low_open=True,
         ),
-        Option("step_separator", "\n", "APPO / TPPO / PRM steps end where the tokens' text has this"),
-        Option("appo_action_ratio", True, "appo: one importance ratio per action (OpenR); False: per token"),
+        Option(
+            "step_separator",
+            "\n",
+            (
+                "Where a response's reasoning steps end (APPO and TPPO's actions, PRM step scores): after each "
+                "occurrence of this text in the tokens."
+            ),
+        ),
+        Option(
+            "appo_action_ratio",
+            True,
+            (
+                "appo: one importance ratio per action (a reasoning step, as OpenR); False: one per token, with the "
+                "step's advantage on each."
+            ),
+        ),
         Option(
             "advantage_whitening",
             "batch",
-            "batch: over the batch's tokens; openr: per minibatch, as OpenR",
+            (
+                'How advantages are standardised: "batch" over the batch\'s tokens (verl), "openr" per minibatch '
+                "as OpenR (APPO: over its actions; TPPO: over its non-zero token advantages)."
+            ),
             choices=("batch", "openr"),
         ),
         Option(
             "value_loss_type",
             "mse",
-            "mse | huber | huber_one_sided (OpenR's `huber_loss`)",
+            "The critic's loss: mse, huber, or huber_one_sided (OpenR's `huber_loss`: no loss below -huber_delta).",
             choices="mathrl_jax.losses.value:VALUE_LOSS_TYPES",
         ),
         Option(
@@ -851,7 +995,15 @@ OPTIONS = (
             low=0.0,
             low_open=True,
         ),
-        Option("value_clip", 0.2, "the critic's value clip (OpenR: clip_param)", low=0.0),
+        Option(
+            "value_clip",
+            0.2,
+            (
+                "The critic's value clip (PPO's clipped value loss; OpenR's clip_param, verl's cliprange_value); "
+                "None = unclipped."
+            ),
+            low=0.0,
+        ),
         Section("dapo", 'DAPO\'s reward shaping (algorithm_name="dapo").'),
         Option(
             "dapo.success_rate_lb",
@@ -979,7 +1131,7 @@ OPTIONS = (
         Option(
             "log_interval",
             1,
-            "log an iteration's metrics every this many iterations (evaluations are always logged)",
+            "Log an iteration's metrics every this many iterations (evaluations are always logged).",
             resume=MAY_CHANGE,
             low=1,
         ),
@@ -996,14 +1148,17 @@ OPTIONS = (
         Option(
             "eval_n_samples",
             8,
-            "at the first and last evaluation: pass@1 (sampled accuracy) .. pass@k at temperature",
+            (
+                "At the first and last evaluation, also sample this many completions per held-out problem at the "
+                "rollout temperature: pass@1 (the sampled accuracy) to pass@k; 0 = greedy only."
+            ),
             resume=MAY_CHANGE,
             low=0,
         ),
         Option(
             "num_logged_samples",
             8,
-            "held-out prompts written with their completions to run_dir/samples/ at each eval",
+            "Held-out prompts written with their completions to run_dir/samples/ at each evaluation.",
             resume=MAY_CHANGE,
             low=0,
         ),
@@ -1069,7 +1224,10 @@ OPTIONS = (
         Option(
             "export_final",
             True,
-            "write the final policy to run_dir/final_model (Hugging Face format)",
+            (
+                "Write the final policy to run_dir/final_model in Hugging Face format (a LoRA run: merged, and its "
+                "adapters to run_dir/final_adapter)."
+            ),
             resume=MAY_CHANGE,
         ),
         Option(

@@ -22,7 +22,9 @@ def get_config():
     config.run_dir = "runs/own_data"
     config.model_name_or_path = "Qwen/Qwen2.5-0.5B-Instruct"
     config.dataset_name = "auto"
-    config.prompt_template = "chat"  # the tokenizer's own chat template (messages in the data: as they are)
+    # The tokenizer's own chat template, Qwen's "\boxed{}" instruction after the question (or after the last user
+    # message of chat-message data: the verifier reads the boxed answer); "chat_plain" adds no instruction.
+    config.prompt_template = "chat"
     config.max_prompt_length = 512
     config.max_new_tokens = 512
     config.param_dtype = "float32"

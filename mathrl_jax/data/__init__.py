@@ -7,7 +7,7 @@ makes the offline default data; `ProblemLoader` serves resumable shuffled batche
 """
 
 from mathrl_jax.data.arithmetic import LEVELS, ArithmeticLevel, arithmetic_problems, arithmetic_train_eval
-from mathrl_jax.data.prompts import TEMPLATE_NAMES, TEMPLATES, format_prompt
+from mathrl_jax.data.prompts import TEMPLATE_NAMES, TEMPLATES, format_prompt, problem_prompt
 from mathrl_jax.data.sources import (
     LAYOUTS,
     DataError,
@@ -36,6 +36,7 @@ __all__ = [
     "detect_layout",
     "filter_problems",
     "format_prompt",
+    "problem_prompt",
     "load_problems",
     "normalize_level",
     "shuffled_order",

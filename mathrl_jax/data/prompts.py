@@ -23,6 +23,7 @@ they are filled by plain substitution, not `str.format`, so braces in a question
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,3 +139,24 @@ def format_messages(messages: Sequence[Mapping[str, str]], template: str = "plai
     if not has_chat_template(tokenizer):
         return plain_messages(turns)
     return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
+def problem_prompt(problem: Any, template: str = "plain", *, tokenizer: Any = None, source: str = "the model") -> str:
+    """A problem's prompt, the same for training and evaluation: `format_messages` of its chat messages
+    (`Problem.messages`), else `format_prompt` of its question. A tokenizer with no chat template renders messages
+    as their contents joined by newlines (`plain_messages`), said once on stderr per `source` (its directory)."""
+    messages = getattr(problem, "messages", None)
+    if messages is None:
+        return format_prompt(problem.question, template, tokenizer=tokenizer)
+    if not has_chat_template(tokenizer) and source not in _PLAIN_NOTED:
+        _PLAIN_NOTED.add(source)
+        print(
+            f"note: the tokenizer of {source} has no chat template, so chat-message prompts are their contents "
+            "joined by newlines (data.prompts.plain_messages)",
+            file=sys.stderr,
+        )
+    return format_messages(messages, template, tokenizer=tokenizer)
+
+
+_PLAIN_NOTED: set = set()
+"""The tokenizers (by directory) whose lack of a chat template was said (once each)."""

@@ -9,7 +9,9 @@ Each is called as TRL calls its reward functions:
        subject=[...], uid=[...]) -> list of floats
 
 one entry per completion (a prompt repeated once per sample of its group), the problem's fields as keyword lists
-(`PROBLEM_COLUMNS`); a function takes the ones it needs and `**kwargs` for the rest. `completion_ids` are each
+(`PROBLEM_COLUMNS`; a data file's other columns are not passed); a function takes the ones it needs and `**kwargs`
+for the rest. Where the data's prompt is chat messages, `prompts` are those messages and each completion is
+`[{"role": "assistant", "content": text}]`, TRL's conversational shape (`conversational`). `completion_ids` are each
 completion's token ids (its EOS included, as TRL's), `trainer_state` says where the run is (`TrainerState`:
 `global_step`, `epoch`, `max_steps`, as transformers' `TrainerState`), both as TRL passes them. The gold final
 answer arrives as `answer`, as `solution` (what open-r1's and TRL's `accuracy_reward` parse with math-verify) and
@@ -67,6 +69,7 @@ __all__ = [
     "RewardFunctions",
     "TrainerState",
     "check_result",
+    "conversational",
     "load_reward_function",
     "parse_weights",
     "problem_columns",
@@ -86,10 +89,26 @@ def problem_columns(problems: Sequence[Any]) -> Dict[str, list]:
     return {c: [getattr(p, _COLUMN_FIELDS.get(c, c)) for p in problems] for c in PROBLEM_COLUMNS}
 
 
+def conversational(prompts: Sequence[Any], completions: Sequence[str], problems: Sequence[Any]) -> tuple:
+    """(prompts, completions) as TRL gives them to its reward functions: for a problem whose prompt is chat
+    messages (`Problem.messages`), its messages and `[{"role": "assistant", "content": completion}]` (what TRL's
+    `accuracy_reward` reads as `completion[0]["content"]`); else the prompt text and the completion text."""
+    chat = [getattr(p, "messages", None) for p in problems]
+    if not any(chat):
+        return list(prompts), list(completions)
+    prompts = [[dict(m) for m in messages] if messages else text for messages, text in zip(chat, prompts)]
+    completions = [
+        [{"role": "assistant", "content": text}] if messages else text for messages, text in zip(chat, completions)
+    ]
+    return prompts, completions
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerState:
     """Where the run is when a batch is scored, as the fields of transformers' `TrainerState` that TRL's reward
-    functions read: `global_step` the updates done before this batch (0 at the first), `max_steps` the run's
+    functions read, counted in this run's iterations (TRL counts optimizer steps; an iteration here is
+    num_mini_batch x ppo_epoch of them): `global_step` the iterations whose rollouts were collected before this
+    batch's (0 at the first; an asynchronous run's generator runs ahead of the updates), `max_steps` the run's
     iterations, `epoch` the passes over the training problems done so far (fractional)."""
 
     global_step: int = 0
@@ -340,13 +359,14 @@ class RewardFunctions:
         """Scores `completions` (`completion_ids`: their token ids; None passes None); `global_step` and `epoch`
         make the functions' `trainer_state` with this run's `max_steps`."""
         columns = problem_columns(problems)
+        prompts, completions_arg = conversational(prompts, completions, problems)
         ids = None if completion_ids is None else [[int(t) for t in row] for row in completion_ids]
         state = TrainerState(global_step=int(global_step), epoch=float(epoch), max_steps=self.max_steps)
         total = np.zeros(len(completions), np.float64)
         metrics: Dict[str, float] = {}
         for caller, weight, name in zip(self.callers, self.weights, self.names):
             kwargs = dict(
-                prompts=list(prompts), completions=list(completions), completion_ids=ids, trainer_state=state, **columns
+                prompts=prompts, completions=completions_arg, completion_ids=ids, trainer_state=state, **columns
             )
             values, scored = check_result(caller.label, caller(kwargs, self.timeout_s), len(completions))
             total += weight * values

@@ -195,7 +195,8 @@ class JaxSampler:
         prompt_bucket = bucket(max(len(p) for p in prompt_ids), self.min_prompt_bucket)
         generation_bucket = bucket(params.max_new_tokens, self.min_generation_bucket)
         seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, 2**31 - 1))
-        per_call = self.prompts_per_call(len(prompt_ids), params.n, prompt_bucket + generation_bucket)
+        seen = self.config.vocab_size if params.penalizes else 0  # the repetition penalty's bool mask, per row
+        per_call = self.prompts_per_call(len(prompt_ids), params.n, prompt_bucket + generation_bucket, seen)
         parts = []
         for start in range(0, len(prompt_ids), per_call):
             try:
@@ -232,12 +233,13 @@ class JaxSampler:
         per_slot = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * jnp.dtype(c.jnp_dtype).itemsize
         return rows * slots * per_slot
 
-    def prompts_per_call(self, num_prompts: int, n: int, slots: int) -> int:
-        """How many prompts (of `n` samples, `slots` cache slots each) one prefill + decode takes: all of them,
-        or with `kv_cache_gib` the largest power of two whose cache fits it (at least 1)."""
+    def prompts_per_call(self, num_prompts: int, n: int, slots: int, row_bytes: int = 0) -> int:
+        """How many prompts (of `n` samples, `slots` cache slots each, `row_bytes` more per row: the repetition
+        penalty's mask) one prefill + decode takes: all of them, or with `kv_cache_gib` the largest power of two
+        whose cache fits it (at least 1)."""
         if self.kv_cache_gib is None:
             return num_prompts
-        fit = int(self.kv_cache_gib * 2**30 // self.kv_cache_bytes(n, slots))
+        fit = int(self.kv_cache_gib * 2**30 // (self.kv_cache_bytes(n, slots) + n * row_bytes))
         return max(1, min(num_prompts, 1 << (max(fit, 1).bit_length() - 1)))
 
     def _generate_part(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from typing import Any, Callable, List, Optional, TypeVar
 
 import jax
@@ -131,6 +132,13 @@ def leave(code: int, message: str, *, program: str, timeout_s: float = 0, leader
 def is_main_process() -> bool:
     """True on the process that writes logs, metrics and checkpoint metadata (process 0)."""
     return jax.process_index() == 0
+
+
+def note(message: str) -> None:
+    """`message` on stderr, from the main process alone: every process runs the same program on the same data, so
+    a line each would say it once per process."""
+    if is_main_process():
+        print(message, file=sys.stderr)
 
 
 def main_process_only(fn: Callable) -> Callable:

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from mathrl_jax.rewards import functions as functions_module
-from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, load_reward_function, parse_weights
+from mathrl_jax.rewards.functions import (
+    RewardFunctionError,
+    RewardFunctions,
+    conversational,
+    load_reward_function,
+    parse_weights,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -335,3 +341,37 @@ def test_trl_arguments_and_the_gold_answer_as_solution_reach_a_function(where, t
     with functions:
         scores, _ = functions(["p"] * 3, ["a", "b", "c"], PROBLEMS, completion_ids=ids, global_step=2, epoch=0.5)
     np.testing.assert_array_equal(scores, [len(i) + 20 + 400 + 2 for i in ids])
+
+
+TRL_ACCURACY = """
+def accuracy(prompts, completions, solution, **kwargs):
+    # TRL's accuracy_reward reads a conversational completion as completion[0]["content"]
+    return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+
+
+def system_prompt_seen(prompts, completions, **kwargs):
+    return [float(p[0]["role"] == "system" and p[-1]["role"] == "user") for p in prompts]
+"""
+
+
+@pytest.mark.parametrize("where", ["python", "own process"])
+def test_chat_message_problems_reach_functions_in_trls_conversational_shape(where, tmp_path):
+    """Issue 48 (review): on chat-message data TRL passes each prompt as its messages and each completion as
+    [{"role": "assistant", "content": ...}]; its accuracy_reward indexes them so. Text data keeps strings."""
+    from mathrl_jax.data import Problem
+
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="})
+    chat = [Problem(uid=str(i), question="1+1=", answer="2", messages=messages) for i in range(3)]
+    if where == "python":
+        namespace = {}
+        exec(TRL_ACCURACY, namespace)
+        functions = RewardFunctions([namespace["accuracy"], namespace["system_prompt_seen"]], [1.0, 10.0])
+    else:
+        module = tmp_path / "trl_accuracy.py"
+        module.write_text(TRL_ACCURACY)
+        functions = RewardFunctions.from_config(f"{module}:accuracy,{module}:system_prompt_seen", "1,10")
+    with functions:
+        scores, _ = functions(["rendered"] * 3, ["2", " 2 ", "3"], chat)
+    np.testing.assert_array_equal(scores, [11.0, 11.0, 10.0])
+    prompts, completions = conversational(["text"], ["2"], [Problem(uid="t", question="q", answer="2")])
+    assert (prompts, completions) == (["text"], ["2"])

@@ -320,6 +320,8 @@ def test_a_kv_cache_budget_runs_sub_batches_that_sample_as_the_whole_batch():
     probe = JaxSampler(model, pad_token_id=0)
     sampler = JaxSampler(model, pad_token_id=0, kv_cache_gib=probe.kv_cache_bytes(2 * 2 + 1, slots) / 2**30)
     assert sampler.prompts_per_call(len(prompts), 2, slots) == 2
+    # A row's repetition-penalty mask counts too: a mask the size of a row's cache halves what fits.
+    assert sampler.prompts_per_call(len(prompts), 2, slots, probe.kv_cache_bytes(1, slots)) == 1
     calls = []
     prefill_program = sampler._prefill
     sampler._prefill = lambda *a, **k: calls.append(a[1].shape) or prefill_program(*a, **k)

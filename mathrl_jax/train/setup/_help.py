@@ -1,5 +1,5 @@
 """`scripts/train.py --help`: every option of a config with its value and its meaning in full, grouped as
-`configs/default.py`'s table groups them, with its TRL and verl names (`configs/names.py`).
+`configs/default.py`'s table groups them, with its TRL and verl names (`mathrl_jax/trl_verl_names.py`).
 
 The meanings are the table's own (`options.py`: an option's `meaning`, else its section's), so each
 option is described once, where it is defined. Options a config adds beyond the table are listed under "other"

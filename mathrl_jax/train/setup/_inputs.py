@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Any, List, Optional
 
 from mathrl_jax.errors import fail
@@ -20,6 +19,7 @@ from mathrl_jax.rewards.arithmetic_steps import NAME as ARITHMETIC_STEPS
 from mathrl_jax.rewards.countdown_steps import NAME as COUNTDOWN_STEPS
 from mathrl_jax.rewards.functions import RewardFunctionError, RewardFunctions, parse_weights
 from mathrl_jax.sampling.vllm import VLLM_MISSING, ServerError, describe_server, is_cpu_build, kv_cache_refusal
+from mathrl_jax.sharding import distributed
 from mathrl_jax.train.rollouts import check_prompts, check_warmstart_data, load_data, load_hard_eval, prompt_settings
 from mathrl_jax.train.setup._resume import check_resumed_config
 from mathrl_jax.train.setup._validation import num_iterations, validate_config
@@ -123,10 +123,9 @@ def _combine_given_functions(config) -> None:
     source = str(config.reward_source)
     if source == "verifier":
         config.reward_source = "verifier+functions"
-        print(
+        distributed.note(
             "reward functions given in Python with reward_source='verifier': using reward_source='verifier+functions' "
             "(the verifier's score plus theirs; reward_source='functions' for theirs alone)",
-            file=sys.stderr,
         )
     elif "functions" not in source:
         fail(

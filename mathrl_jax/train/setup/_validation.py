@@ -188,6 +188,11 @@ def check_eval_holdout(c) -> None:
             f"eval_holdout={c.eval_holdout} holds problems of the training file out, but the run evaluates on "
             f"eval_dataset_path={c.eval_dataset_path!r}, eval_dataset_split={c.eval_dataset_split!r}: drop one"
         )
+    if c.eval_holdout > c.num_eval_problems:  # the problems past it would be neither trained on nor evaluated
+        fail(
+            f"eval_holdout={c.eval_holdout} holds out more problems than num_eval_problems={c.num_eval_problems} "
+            f"evaluates: raise num_eval_problems to {c.eval_holdout}, or hold out fewer"
+        )
 
 
 def check_batch_shape(c) -> None:
