@@ -113,6 +113,16 @@ ROWS = (
         "dapo", ("--config.algorithm_name=dapo", "--config.clip_high=0.28", "--config.dapo.overlong_buffer_len=4")
     ),
     AlgorithmRow("rloo", ("--config.algorithm_name=rloo",)),
+    # GSPO at its paper's clip range on the sequence ratio (3e-4 / 4e-4) and its sequence-mean aggregation
+    AlgorithmRow(
+        "gspo",
+        (
+            "--config.algorithm_name=gspo",
+            "--config.clip_low=3e-4",
+            "--config.clip_high=4e-4",
+            "--config.loss_agg_mode=seq-mean-token-mean",
+        ),
+    ),
     AlgorithmRow("reinforce_pp", ("--config.algorithm_name=reinforce_pp",)),
     AlgorithmRow("ppo", ("--config.algorithm_name=ppo",)),
     AlgorithmRow("appo", ("--config.algorithm_name=appo", *PROCESS_REWARDS)),
@@ -141,6 +151,7 @@ ALGORITHM_ROWS = {
     "drgrpo": ("drgrpo",),
     "dapo": ("dapo",),
     "rloo": ("rloo",),
+    "gspo": ("gspo",),
     "reinforce_pp": ("reinforce_pp",),
     "ppo": ("ppo",),
     "appo": ("appo",),

@@ -18,19 +18,20 @@ from mathrl_jax.train.checkpoint import DISK_ERRNOS
 from mathrl_jax.train.state import TrainState, model_params
 
 
-def export_final_model(run, state: TrainState, final: str) -> None:
+def export_final_model(state: TrainState, frozen, graphdef, model_dir: str, final: str) -> None:
     """`final` (run_dir/final_model): the policy as a Hugging Face checkpoint, a LoRA run's adapters merged into
-    its base; a LoRA run also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
-    `base_model_name_or_path` is the base the run trained on). `run` is train/setup's `Run`."""
-    params = model_params(state.params, run.batches.frozen)
-    model_config = nnx.merge(run.graphdef, params).config
+    its base (`frozen`: the base's weights beside `state.params`; `graphdef` the policy's NNX graph); a LoRA run
+    also writes its adapters alone in PEFT's layout beside it (run_dir/final_adapter, whose
+    `base_model_name_or_path` is `model_dir`, the base the run trained on, whose tokenizer both take)."""
+    params = model_params(state.params, frozen)
+    model_config = nnx.merge(graphdef, params).config
     params = distributed.fetch(params)  # every process takes part in gathering the shards
     distributed.on_main_process(
         "final_model",
         lambda: _write_export(
             "the final model",
             final,
-            lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=run.model_dir),
+            lambda d: hf.export_checkpoint(params, model_config, d, tokenizer_dir=model_dir),
         ),
     )
     if model_config.lora_rank:
@@ -40,7 +41,7 @@ def export_final_model(run, state: TrainState, final: str) -> None:
             lambda: _write_export(
                 "the final adapters",
                 adapter_dir,
-                lambda d: peft_adapters.export_adapters(params, model_config, d, run.model_dir),
+                lambda d: peft_adapters.export_adapters(params, model_config, d, model_dir),
             ),
         )
 

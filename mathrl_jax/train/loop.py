@@ -356,7 +356,7 @@ def train(
             run_directory.path(settings.run_dir, run_directory.FINAL_ADAPTER)
         )
         if settings.export_final and (total > run.start_iteration or not os.path.isdir(final) or adapter_missing):
-            export_final_model(run, state, final)
+            export_final_model(state, run.batches.frozen, run.graphdef, run.model_dir, final)
     finally:
         source.close()
         progress.close()

@@ -120,8 +120,14 @@ def refusal_cases(t):
             "dataset_name='custom' needs --config.data.fields",
         ),
         "holding out the whole file": (
-            [*data, "--config.data.fields=question:problem,answer:gold", "--config.eval_holdout=10"],
+            [*data, "--config.data.fields=question:problem,answer:gold", "--config.eval_holdout=10"]
+            + ["--config.num_eval_problems=10"],
             "eval_holdout=10 holds out 10 of the 10 problems",
+        ),
+        "holding out more than is evaluated": (
+            [*data, "--config.data.fields=question:problem,answer:gold", "--config.eval_holdout=6"]
+            + ["--config.num_eval_problems=4"],
+            "eval_holdout=6 holds out more problems than num_eval_problems=4 evaluates",
         ),
         "holding out beside an evaluation file": (
             [*data, "--config.eval_holdout=3", f"--config.eval_dataset_path={mine}"],
@@ -151,7 +157,7 @@ def test_a_bad_mapping_or_held_out_split_is_one_line_before_anything_is_written(
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("an existing run directory")
     before = snapshot(run_dir)
-    done = run_train(run_dir, *flags, *RUN[:-1])
+    done = run_train(run_dir, *RUN[:-1], *flags)  # the case's flags last: they win
     assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
     message = done.stderr.strip().splitlines()
     assert message[-1].startswith("train.py: error:") and expected in message[-1], done.stderr[-2000:]

@@ -154,7 +154,12 @@ def test_a_warmstart_record_lost_to_a_kill_is_logged_when_resumed(tmp_path):
 
     run_dir, directory = tmp_path / "run", tmp_path / "run" / "warmstart_model"
     directory.mkdir(parents=True)
-    record = {"warmstart/eval_accuracy_before": 0.1, "warmstart/eval_accuracy_after": 0.7}
+    record = {  # as _warmstart writes it (its accuracies absent where nothing was held out)
+        "warmstart/seconds": 3.0,
+        "warmstart/steps": 5.0,
+        "warmstart/eval_accuracy_before": 0.1,
+        "warmstart/eval_accuracy_after": 0.7,
+    }
     saved = {"run_dir": os.path.realpath(run_dir), "metrics": record}
     (directory / warmstart.WARMSTART_METRICS).write_text(json.dumps(saved))
     copied_to = tmp_path / "control"  # another run's copy of the warm-start (a control's): not its record
