@@ -20,6 +20,8 @@ import difflib
 import re
 from typing import Iterable, Sequence
 
+from mathrl_jax.errors import MathRLError
+
 TRL = "TRL"
 VERL = "verl"
 
@@ -182,7 +184,7 @@ _ALIAS_OF = {alias.name: alias for alias in ALIASES}
 _REFUSED = {refused.name: refused for refused in REFUSED}
 
 
-class RefusedName(ValueError):
+class RefusedName(MathRLError, ValueError):
     """A refused name, or an option given under two names with different values (one line)."""
 
 

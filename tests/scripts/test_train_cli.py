@@ -97,7 +97,8 @@ CASES = {
     ),
     "missing model": (lambda t: [f"--config.model_name_or_path={t}/no_model"], "no_model"),
     "bad mesh": (lambda t: ["--config.mesh.dp=3", "--config.mesh.fsdp=1"], "mesh"),
-    "unknown key": (lambda t: ["--config.learning_rate=1e-5"], "learning_rate"),
+    "unknown key": (lambda t: ["--config.no_such_option=1"], "--config has no key 'no_such_option'"),
+    "a TRL name misspelt": (lambda t: ["--config.learning_rat=1e-5"], "did you mean lr (TRL's learning_rate)"),
     "wrong type": (lambda t: ["--config.lr=fast"], "fast"),
     "no KV cache": (lambda t: ["--config.sampler=vllm", "--config.vllm.kv_cache_gib=0"], "vllm.kv_cache_gib=0"),
     "bad engine dtype": (lambda t: ["--config.sampler=vllm", "--config.vllm.dtype=int8"], "'int8'"),
@@ -200,7 +201,7 @@ CASES = {
         lambda t: ["--config.reward.functions=my_rewards:score"],
         "reward.functions='my_rewards:score'",
     ),
-    "mistyped key": (lambda t: ["--config.num_iteration=3"], 'Did you mean "num_iterations"'),
+    "mistyped key": (lambda t: ["--config.num_iteration=3"], "did you mean num_iterations"),
     "jax sampler with rows over the checkpoint's positions": (
         lambda t: [f"--config.model_name_or_path={short_model(t)}", "--config.max_new_tokens=40"],
         "max_position_embeddings=32",
