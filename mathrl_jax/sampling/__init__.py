@@ -15,7 +15,7 @@ from mathrl_jax.sampling.base import FINISH_REASONS, Rollouts, Sampler, Sampling
 
 _LAZY = {
     "JaxSampler": "jax_sampler",
-    "filter_logits": "decoding",
+    "filter_logits": "token_filter",
     "sampling_distribution": "decoding",
     "ProcessSplitSampler": "process_split",
 }

@@ -1,11 +1,11 @@
 """The device side of `JaxSampler`: the jitted `prefill` and `decode` programs and what they use.
 
 `prefill` runs left-padded prompts into a fresh KV cache; `decode` samples token after token in a `lax.while_loop`
-(`sampling_distribution` and `filter_logits` give each token's distribution, `row_keys` each row's draws). Its
-carry holds each row's state (RUNNING, STOPPED, LENGTH) and results (`ROW_OUTPUTS`); between decode calls,
-`compact_carry` moves the running rows into a smaller batch. The programs are module-level objects, jitted once:
-the jit cache is keyed on them and their static arguments, so the samplers of one architecture share the compiled
-programs.
+(`token_filter.filter_logits` and `draw_in_two_stages`, or `sampling_distribution` unfiltered, give each token;
+`row_keys` each row's draws). Its carry holds each row's state (RUNNING, STOPPED, LENGTH) and results
+(`ROW_OUTPUTS`); between decode calls, `compact_carry` moves the running rows into a smaller batch. The programs are
+module-level objects, jitted once: the jit cache is keyed on them and their static arguments, so the samplers of one
+architecture share the compiled programs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from flax import nnx
 
 from mathrl_jax.models.attention import default_positions
 from mathrl_jax.models.qwen import KVCache, init_cache
+from mathrl_jax.sampling.token_filter import filter_logits
 from mathrl_jax.sharding.distributed import fetch
 from mathrl_jax.sharding.rules import constrain_batch, constrain_kv_cache
 
@@ -31,32 +32,6 @@ ROW_OUTPUTS = ("tokens", "logprobs", "policy_logprobs", "lengths", "finish", "st
 
 
 MAX_STOP_TOKENS = 8  # stop-token ids travel as a fixed-size array, so their number does not recompile
-
-
-def filter_logits(logits: chex.Array, top_k: chex.Array, top_p: chex.Array, min_p=0.0) -> chex.Array:
-    """Min-p, then top-k, then top-p (nucleus) filtering of `[N, V]` logits; removed entries become -inf.
-
-    The order is vLLM's sampler's (`Sampler.sample`: min-p, an argmax-invariant logits processor, before top-k /
-    top-p). min-p drops tokens whose probability `softmax(logits)` is below `min_p * max(probs)` (vLLM's
-    `MinPLogitsProcessor`; 0 keeps all). top-k keeps the `top_k` largest logits (ties at the threshold kept;
-    `top_k <= 0` keeps all). top-p keeps the most likely tokens, in order, while the probability
-    mass before each is below `top_p`, so the first is always kept (vLLM / HF).
-    All are traced scalars: changing them does not recompile.
-    """
-    vocab = logits.shape[-1]
-    probs = jax.nn.softmax(logits, axis=-1)
-    logits = jnp.where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, logits)
-    descending = -jnp.sort(-logits, axis=-1)
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jnp.take_along_axis(descending, jnp.broadcast_to(k - 1, logits.shape[:-1])[..., None], axis=-1)
-    logits = jnp.where(logits < kth, -jnp.inf, logits)
-    descending = jnp.where(descending < kth, -jnp.inf, descending)
-    probs = jax.nn.softmax(descending, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = mass_before < top_p
-    # The smallest kept logit is the threshold; everything below it goes.
-    threshold = jnp.min(jnp.where(keep, descending, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits < threshold, -jnp.inf, logits)
 
 
 def penalize_repetitions(logits: chex.Array, seen: chex.Array, penalty) -> chex.Array:
@@ -82,6 +57,35 @@ def sampling_distribution(logits: chex.Array, temperature, top_k, top_p, min_p=0
     if use_filter:
         scaled = filter_logits(scaled, top_k, top_p, min_p)
     return jax.nn.log_softmax(scaled, axis=-1)
+
+
+DRAW_BLOCK = 128  # tokens per block of `draw_in_two_stages`: 151,936 = 1,187 blocks of 128
+
+
+def draw_in_two_stages(logits: chex.Array, keys: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """One token per row of `[N, V]` logits (-inf: removed) drawn from their softmax, and its log-probability.
+
+    First a block of `DRAW_BLOCK` consecutive token ids by the block's probability mass W_b, then a token within
+    it by its own: P(token j in block b) = W_b / W x w_j / W_b = w_j / W, the softmax exactly. Each stage is a
+    Gumbel-max draw over V / 128 or 128 values (Gumbel 1954; Maddison et al. 2014), where one over all V values
+    costs V noise draws and 2 V logarithms at every decoded token: at V = 151,936 most of a filtered step's
+    sampling cost. `keys [N]`: one key per row (the row's draws depend on its key alone).
+    """
+    rows, vocab = logits.shape
+    blocks = -(-vocab // DRAW_BLOCK)
+    padded = jnp.pad(logits, ((0, 0), (0, blocks * DRAW_BLOCK - vocab)), constant_values=-jnp.inf)
+    top = jnp.max(padded, axis=-1, keepdims=True)
+    padded = padded.reshape(rows, blocks, DRAW_BLOCK)
+    block_mass = jnp.sum(jnp.exp(padded - top[:, :, None]), axis=-1)  # [N, blocks]
+    block_keys, token_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+    gumbel = jax.vmap(lambda key, n: jax.random.gumbel(key, (n,), jnp.float32), in_axes=(0, None))
+    block = jnp.argmax(jnp.log(block_mass) + gumbel(block_keys, blocks), axis=-1)
+    within = jnp.take_along_axis(padded, block[:, None, None], axis=1)[:, 0]  # [N, DRAW_BLOCK]
+    offset = jnp.argmax(within + gumbel(token_keys, DRAW_BLOCK), axis=-1)
+    token = (block * DRAW_BLOCK + offset).astype(jnp.int32)
+    chosen = jnp.take_along_axis(within, offset[:, None], axis=-1)[:, 0]
+    logp = chosen - top[:, 0] - jnp.log(jnp.sum(block_mass, axis=-1))
+    return token, logp
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "samples_per_prompt", "cache_length", "track_seen"))
@@ -163,13 +167,16 @@ def decode(state, carry, keys, controls, *, graphdef, greedy: bool, use_filter: 
             token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
             sample_logp = jnp.zeros((rows,), jnp.float32)
         else:
-            logp = sampling_distribution(
-                logits, *(controls[k] for k in ("temperature", "top_k", "top_p", "min_p")), use_filter=use_filter
-            )
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
-            gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logp.shape[-1:], jnp.float32))(step_keys)
-            token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
-            sample_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+            if use_filter:
+                scaled = logits.astype(jnp.float32) / controls["temperature"]
+                filtered = filter_logits(scaled, *(controls[k] for k in ("top_k", "top_p", "min_p")))
+                token, sample_logp = draw_in_two_stages(filtered, step_keys)
+            else:  # the draws of every run before the two-stage draw: kept, so an unfiltered run repeats them
+                logp = sampling_distribution(logits, controls["temperature"], 0, 1.0, use_filter=False)
+                gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logp.shape[-1:], jnp.float32))(step_keys)
+                token = jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32)
+                sample_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
         token = jnp.where(running, token, controls["pad_id"])
         token_policy_logp = jnp.take_along_axis(policy_logp, token[:, None], axis=-1)[:, 0]
         write = lambda buf, value: jax.lax.dynamic_update_slice_in_dim(buf, value[:, None], step, axis=1)  # noqa: E731
