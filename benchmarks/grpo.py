@@ -21,7 +21,10 @@ At a real shape (`--shape qwen2.5-0.5b` or `qwen2.5-1.5b`: random weights of tha
 vocabulary, the character tokenizer; no warm-start) the model earns no reward, so the update trains every row
 (`skip_zero_advantage=False`, as TRL does) and only that run is made; float32 on both sides (`--set dtype=...`
 changes mathrl_jax's compute). Each system runs in a process of its own, which reports its peak resident memory;
-mathrl_jax's XLA compiles (count and seconds, from `jax.monitoring`) are reported too.
+mathrl_jax's XLA compiles (count and seconds, from `jax.monitoring`) are reported too. At a real shape the run
+ends with the limits table (`benchmarks/limits.py`, in a process of its own after the systems): the machine's
+float32 and bfloat16 matmul rate and copy bandwidth, measured then, and as fractions of them the update's model
+FLOP rate, the generation's weight-and-cache bytes per second, and a log-prob pass timed on the iteration's batch.
 
     pip install -e '.[bench]'            # trl; never needed by the tests
     python scripts/bench_grpo.py         # both systems, ~5 minutes on a 2-core CPU
@@ -42,6 +45,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks.limits import grpo_limits, limits_lines
 from mathrl_jax.train import run_directory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,6 +112,18 @@ def warm_started_model(directory: str, args) -> str:
     return run_directory.path(c.run_dir, run_directory.WARMSTART_MODEL)
 
 
+def run_config(model_dir: str, directory: str, args, settings=()):
+    """The config of a mathrl_jax run on `model_dir`: `base_config`, then `--set`'s KEY=VALUE and `settings`'."""
+    c = base_config(os.path.join(directory, "mathrl_" + "_".join(settings)), args)
+    c.model_name_or_path = model_dir
+    c.warmstart.steps = 0
+    c.num_iterations = args.warmup + args.iterations
+    for setting in list(args.set) + list(settings):  # e.g. packing=False
+        key, value = setting.split("=", 1)
+        c[key] = type(c[key])(value) if not isinstance(c[key], bool) else value.lower() in ("1", "true")
+    return c
+
+
 def bench_mathrl(model_dir: str, directory: str, args, settings=()):
     """Per-iteration metrics of `iterations + warmup` GRPO iterations of the training loop, with the config
     `settings` (KEY=VALUE) after `--set`'s."""
@@ -116,13 +132,7 @@ def bench_mathrl(model_dir: str, directory: str, args, settings=()):
 
     # In this process too (a spawned one): without it, a second run's first iteration recompiled everything.
     compile_cache.enable(os.environ.get("MATHRL_BENCH_CACHE", ""))
-    c = base_config(os.path.join(directory, "mathrl_" + "_".join(settings)), args)
-    c.model_name_or_path = model_dir
-    c.warmstart.steps = 0
-    c.num_iterations = args.warmup + args.iterations
-    for setting in list(args.set) + list(settings):  # e.g. packing=False
-        key, value = setting.split("=", 1)
-        c[key] = type(c[key])(value) if not isinstance(c[key], bool) else value.lower() in ("1", "true")
+    c = run_config(model_dir, directory, args, settings)
     records = []
     compiles = []
     import jax
@@ -265,6 +275,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as directory:
         model_dir = random_model(directory, args.shape) if real else warm_started_model(directory, args)
         runs = {key: in_own_process(bench_mathrl, model_dir, directory, args, s) for _, key, s in variants}
+        # After the systems, in a process of its own: the machine's matmul rate and bandwidth, the stages' fractions.
+        limits = None
+        if real:
+            config = run_config(model_dir, directory, args, variants[0][2])
+            steady = runs["mathrl_jax"]["records"][args.warmup :]
+            limits = in_own_process(grpo_limits, model_dir, config, steady)
         trl = None if args.skip_trl else in_own_process(bench_trl, model_dir, directory, args)
     trl_times = None if trl is None else trl["times"]
 
@@ -318,6 +334,11 @@ def main(argv=None) -> int:
             + f"; accuracy {m['accuracy']:.2f}, mean response {m['response_length']:.1f} tokens; "
             + f"{m['compiles']} XLA compiles, {m['compile_seconds']:.1f} s"
         )
+    if limits is not None:
+        result["limits"] = limits
+        print("\n".join(limits_lines(limits)))
+    else:
+        print("Limits: measured at the real shapes only (--shape qwen2.5-0.5b or qwen2.5-1.5b)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

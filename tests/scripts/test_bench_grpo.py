@@ -55,3 +55,9 @@ def test_bench_grpo_at_the_qwen_0_5b_shape_reports_memory_and_compiles(tmp_path)
     assert 8 < mathrl["peak_memory_gib"] < 24
     assert mathrl["compiles"] > 0 and mathrl["compile_seconds"] > 0
     assert "qwen2.5-0.5b shape" in stdout
+    # The limits table (benchmarks/limits.py): each stage a positive fraction of the limit measured in the run.
+    limits = result["limits"]
+    assert limits["rows"] == 4 and limits["counts"]["layers"] == 24
+    for name in ("update", "generation", "logprob"):
+        stage = limits["stages"][name]
+        assert stage["fraction"] > 0 and f"| {name.replace('logprob', 'log-prob pass')} |" in stdout
