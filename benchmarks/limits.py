@@ -159,6 +159,25 @@ def decode_bytes(weight_bytes: int, kv_bytes_per_position: int, prompt_lengths: 
     return float(n * weight_bytes + kv_bytes_per_position * (n - 1) * (prompts.sum() + len(prompts) * n / 2))
 
 
+def generation_flops(
+    num_params: int, num_layers: int, width: int, prompt_lengths: Sequence[float], new_tokens: int
+) -> float:
+    """FLOPs of a generation of `new_tokens` tokens for rows of `prompt_lengths`: the prefill's forward over the
+    prompts (`logprob_flops`), then the decode step feeding new token s for each row r, a one-token forward over
+    p_r + s cached positions: 2 N + 4 L W (p_r + s) (the terms of `logprob_flops` for one query position).
+
+        logprob_flops(p) + sum_{s=1}^{n-1} sum_r (2 N + 4 L W (p_r + s))
+
+    Beside `decode_bytes`, the other half of decoding's roofline (Williams et al. 2009): a step of R rows does
+    2 R FLOPs per weight read, so on a CPU whose matmul rate over its bandwidth is a few FLOPs per byte, a batch of
+    a few rows is already bound by the matmul rate, not the bandwidth.
+    """
+    prompts = np.asarray(prompt_lengths, np.float64)
+    n = new_tokens
+    steps = (n - 1) * (2 * num_params * len(prompts) + 4 * num_layers * width * (prompts.sum() + len(prompts) * n / 2))
+    return logprob_flops(num_params, prompts, num_layers, width) + float(steps)
+
+
 def _numpy_dtype(dtype: str):
     if dtype == "bfloat16":
         import ml_dtypes
@@ -203,10 +222,11 @@ def stage_fractions(records, counts: dict, machine: dict, rows: int, prompt_leng
     - update: `ppo_epoch` x f x `update_flops` over the rows, per second of the update, over the compute dtype's
       matmul rate (f scales the rows trained: exact at f = 1, every row trained);
     - generation: `decode_bytes` of the rows at `prompt_length` over the decode steps, per second of generation
-      without grading, over the copy bandwidth.
+      without grading, over the copy bandwidth; and its `generation_flops` over the matmul rate (whichever
+      fraction is larger is the limit that binds).
     """
     c = counts
-    update, generation = [], []
+    update, generation, generation_compute = [], [], []
     for r in records:
         lengths = np.full(rows, prompt_length + r["rollout/response_length"])
         flops = (
@@ -217,12 +237,18 @@ def stage_fractions(records, counts: dict, machine: dict, rows: int, prompt_leng
         update.append(flops / r["perf/update_time"])
         steps = int(r["rollout/response_length_max"])
         nbytes = decode_bytes(c["weight_bytes"], c["kv_bytes_per_position"], np.full(rows, prompt_length), steps)
-        generation.append(nbytes / (r["perf/generate_time"] - r["perf/grade_time"]))
+        seconds = r["perf/generate_time"] - r["perf/grade_time"]
+        generation.append(nbytes / seconds)
+        flops = generation_flops(
+            c["matmul_params"], c["layers"], c["attention_width"], np.full(rows, prompt_length), steps
+        )
+        generation_compute.append(flops / seconds)
     matmul = machine["matmul_flops"][c["dtype"]]
     bandwidth = machine["copy_bytes_per_second"]
     return {
         "update": {"flops_per_second": statistics.median(update), "limit": matmul},
         "generation": {"bytes_per_second": statistics.median(generation), "limit": bandwidth},
+        "generation_flops": {"flops_per_second": statistics.median(generation_compute), "limit": matmul},
     }
 
 
@@ -307,6 +333,9 @@ def limits_lines(limits: dict) -> list:
         f"| generation | weights + KV so far per step, per (generate_time - grade_time) | "
         f"{s['generation']['bytes_per_second'] / 1e9:.2f} GB/s | copy {s['generation']['limit'] / 1e9:.1f} GB/s | "
         f"{s['generation']['fraction']:.3f} |",
+        f"| generation | its FLOPs (prefill, then 2 N + 4 L W context per token) per (generate_time - grade_time) | "
+        f"{s['generation_flops']['flops_per_second'] / 1e9:.1f} GFLOP/s | {dtype} matmul "
+        f"{s['generation_flops']['limit'] / 1e9:.1f} GFLOP/s | {s['generation_flops']['fraction']:.2f} |",
         f"| log-prob pass | 2 N T + 4 L W sum l^2, timed here on [{s['logprob']['rows']}, {s['logprob']['length']}] "
         f"(the loop's: {s['logprob']['loop_logprob_time']:.3f} s) | {s['logprob']['flops_per_second'] / 1e9:.1f} "
         f"GFLOP/s | {dtype} matmul {s['logprob']['limit'] / 1e9:.1f} GFLOP/s | {s['logprob']['fraction']:.2f} |",
@@ -316,13 +345,24 @@ def limits_lines(limits: dict) -> list:
 
 def sampler_line(model_config, dtype: str, prompt_lengths, new_tokens: int, tokens_per_second: float, **sizes):
     """One line for scripts/bench_sampler.py: a generation's `decode_bytes` over its seconds (batch x new_tokens /
-    `tokens_per_second`: the sampler never stops early there) as a fraction of `copy_bandwidth` measured now."""
+    `tokens_per_second`: the sampler never stops early there) as a fraction of `copy_bandwidth` measured now, and
+    its `generation_flops` as a fraction of the `dtype` matmul rate measured now."""
     nbytes = decode_bytes(
         weight_bytes(model_config, dtype), kv_bytes_per_position(model_config, dtype), prompt_lengths, new_tokens
     )
-    rate = nbytes * tokens_per_second / (len(prompt_lengths) * new_tokens)
+    flops = generation_flops(
+        matmul_params(model_config),
+        model_config.num_hidden_layers,
+        attention_width(model_config),
+        prompt_lengths,
+        new_tokens,
+    )
+    seconds = len(prompt_lengths) * new_tokens / tokens_per_second
     bandwidth = copy_bandwidth(**sizes)
+    matmul = matmul_rate(dtype)
     return (
-        f"JaxSampler greedy decoding: {rate / 1e9:.2f} GB/s of weights + KV cache read per step, "
-        f"{rate / bandwidth:.3f} of the copy bandwidth measured now ({bandwidth / 1e9:.1f} GB/s, read + written)"
+        f"JaxSampler greedy decoding: {nbytes / seconds / 1e9:.2f} GB/s of weights + KV cache read per step, "
+        f"{nbytes / seconds / bandwidth:.3f} of the copy bandwidth measured now ({bandwidth / 1e9:.1f} GB/s, read + "
+        f"written); {flops / seconds / 1e9:.1f} GFLOP/s, {flops / seconds / matmul:.2f} of the {dtype} matmul rate "
+        f"measured now ({matmul / 1e9:.1f} GFLOP/s)"
     )

@@ -28,8 +28,10 @@ the machine's copy bandwidth measured in the same run: the weights and each row'
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -89,6 +91,7 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = getattr(torch, args.dtype)
     directory = tempfile.mkdtemp(prefix="bench_sampler_")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # a real shape's checkpoint is GBs
     config = write_tiny_checkpoint(directory, seed=args.seed, **SHAPES[args.shape])
     model = hf.load_model(directory, param_dtype=args.dtype, dtype=args.dtype)
     jax_sampler = JaxSampler(model, pad_token_id=config.pad_token_id, eos_token_ids=())

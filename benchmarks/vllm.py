@@ -23,7 +23,9 @@ greedy and sampled (T=1), tokens made per second, the median over `--repeats` ca
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -109,6 +111,7 @@ def main(argv=None):
     from mathrl_jax.sampling.vllm import VllmSampler, VllmServerSampler, start_server, weight_bytes
 
     directory = tempfile.mkdtemp(prefix="bench_vllm_")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # a real shape's checkpoint is GBs
     config = write_tiny_checkpoint(directory, seed=args.seed, **SHAPES[args.shape])
     model = hf.load_model(directory, param_dtype=args.dtype, dtype=args.dtype)
     state = jax.block_until_ready(nnx.state(model))

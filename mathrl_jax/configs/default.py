@@ -769,10 +769,23 @@ OPTIONS = (
             0,
             (
                 "Rows per forward / backward pass, their gradients summed into the minibatch's one step (gradient "
-                "accumulation); 0 = the whole minibatch in one pass."
+                "accumulation); 0 = sized from micro_batch_gib (the whole minibatch in one pass where it fits)."
             ),
             resume=MAY_CHANGE,
             low=0,
+        ),
+        Option(
+            "micro_batch_gib",
+            4.0,
+            (
+                "With micro_batch_size 0: the activation memory one forward / backward pass may take, estimated "
+                "from the model's shape at the longest row (max_prompt_length + max_new_tokens); a minibatch over "
+                "it runs in micro-batches of the most rows within it (the same step; said on stderr). The rows "
+                "depend on the config, not on the machine's memory."
+            ),
+            resume=MAY_CHANGE,
+            low=0.0,
+            low_open=True,
         ),
         Option(
             "old_logprobs",

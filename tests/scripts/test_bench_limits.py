@@ -129,6 +129,19 @@ def test_decode_bytes_are_a_step_by_step_caches_reads():
     assert math.isclose(limits.decode_bytes(weights, per_position, mean, new), reads)
 
 
+def test_generation_flops_are_the_prefill_and_each_decode_steps_forward():
+    """The closed form against the prefill's forward and a step-by-step sum: the step feeding new token s runs
+    one position per row against p_r + s cached ones, 2 N + 4 L W (p_r + s)."""
+    prompts = np.random.default_rng(1).integers(1, 30, 5)
+    params, layers, width, new = 1000, 3, 16, 9
+    steps = sum(2 * params + 4 * layers * width * (p + s) for s in range(1, new) for p in prompts)
+    want = limits.logprob_flops(params, prompts, layers, width) + steps
+    assert math.isclose(limits.generation_flops(params, layers, width, prompts, new), want)
+    assert limits.generation_flops(params, layers, width, prompts, 1) == limits.logprob_flops(
+        params, prompts, layers, width
+    )
+
+
 def test_the_measured_limits_are_positive_and_their_counts_xlas():
     """Small sizes: positive, finite rates below 10 PFLOP/s and 10 TB/s; the work they divide is XLA's own count
     of the programs (2 n^3 FLOPs; 2 x nbytes read and written)."""

@@ -207,7 +207,7 @@ def _restored(config, state, checkpointer: Checkpointer, loader, base_record):
 
 
 def _batch_maker(config, trainer: Trainer, codec: TextCodec) -> BatchMaker:
-    micro = config.micro_batch_size or None
+    micro = trainer.update_config.micro_batch_size  # the rows the update runs, chosen or set
     needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
     return BatchMaker(
         sections.batch_settings(config, trainer.update_config),

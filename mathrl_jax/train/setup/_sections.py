@@ -28,8 +28,9 @@ def algorithm_of(config) -> algorithms.Algorithm:
     return algorithms.algorithm(config.algorithm_name)
 
 
-def update_config(config) -> update_lib.UpdateConfig:
-    """The update's static settings for a run's config."""
+def update_config(config, micro_batch_size: Optional[int] = None) -> update_lib.UpdateConfig:
+    """The update's static settings for a run's config; `micro_batch_size`: the rows `_micro_batches` chose
+    (None: `config.micro_batch_size`, 0 meaning the whole minibatch)."""
     algorithm = algorithm_of(config)
     policy_loss = algorithm.policy_loss
     if update_lib.policy_loss_use(policy_loss).per_action and not config.appo_action_ratio:
@@ -39,7 +40,7 @@ def update_config(config) -> update_lib.UpdateConfig:
     cfg = update_lib.UpdateConfig(
         ppo_epoch=config.ppo_epoch,
         num_mini_batch=config.num_mini_batch,
-        micro_batch_size=config.micro_batch_size or None,
+        micro_batch_size=micro_batch_size or config.micro_batch_size or None,
         policy_loss=policy_loss,
         clip_low=config.clip_low,
         clip_high=config.clip_high,

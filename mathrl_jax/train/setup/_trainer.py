@@ -18,6 +18,7 @@ from mathrl_jax.models import hf, value_head
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
+from mathrl_jax.train.setup._micro_batches import micro_batch_rows
 from mathrl_jax.train.update import UpdateConfig
 
 
@@ -68,7 +69,8 @@ def build_trainer(config, start_dir: str) -> Trainer:
         params, optimizer, seed=config.seed, critic_params=critic_params, critic_optimizer=critic_optimizer
     )
     state = state_lib.place_state(state, mesh, rules)
-    update_config = sections.update_config(config)
+    batch_shards = mesh.shape["dp"] * mesh.shape["fsdp"]
+    update_config = sections.update_config(config, micro_batch_rows(config, model.config, batch_shards))
     update = update_lib.make_update_fn(
         graphdef,
         optimizer,

@@ -200,3 +200,21 @@ def test_a_checksum_is_the_same_on_host_and_device_and_catches_one_flipped_bit(d
     flipped[9] ^= 0x04
     flipped = flipped.view(dtype).reshape(host.shape)
     assert checksums.leaf_checksums({"x": flipped}, {"x": dtype})["x"] != sums["host"]
+
+
+def test_device_checksums_run_in_programs_of_bounded_memory(monkeypatch):
+    """The leaves are summed in groups of at most GROUP_BYTES (a larger leaf alone): the same checksums as one
+    program over all of them, and no group's program holds more than ~2x its group's bytes in temporaries (one
+    program over a whole 4 GiB state held 8.3 GiB: a checkpoint doubled the run's memory)."""
+    leaves = {f"w{i}": jax.random.normal(jax.random.key(i), (32, 1024 + 64 * i)) for i in range(6)}  # 128-168 KiB
+    leaves["big"] = jax.random.normal(jax.random.key(9), (512, 1024))
+    dtypes = {name: np.dtype(leaf.dtype) for name, leaf in leaves.items()}
+    whole = checksums.leaf_checksums(leaves, dtypes)
+    monkeypatch.setattr(checksums, "GROUP_BYTES", 2**19)  # 512 KiB: the 2 MiB leaf alone, the others in threes
+    groups = checksums._groups(list(leaves.values()))
+    assert [len(g) for g in groups] == [3, 3, 1] and groups[-1][0] is leaves["big"]
+    assert checksums.leaf_checksums(leaves, dtypes) == whole
+    for group in groups:
+        temporaries = checksums._device_checksums.lower(group).compile().memory_analysis().temp_size_in_bytes
+        largest = max(checksums.GROUP_BYTES, max(leaf.nbytes for leaf in group))
+        assert temporaries <= 2.2 * largest
