@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import mathrl_jax.train.setup._sections as sections
 from mathrl_jax import files
+from mathrl_jax.compile_options import trainer_pass_options
 from mathrl_jax.data import sources
 from mathrl_jax.errors import TrainingError, fail
 from mathrl_jax.evaluation import held_out_accuracy
@@ -208,13 +209,16 @@ def _restored(config, state, checkpointer: Checkpointer, loader, base_record):
 
 def _batch_maker(config, trainer: Trainer, codec: TextCodec) -> BatchMaker:
     micro = trainer.update_config.micro_batch_size  # the rows the update runs, chosen or set
+    options = trainer_pass_options(trainer.model.config.vocab_size)
     needs_ref = config.kl_coef > 0 or config.kl_reward_coef > 0
     return BatchMaker(
         sections.batch_settings(config, trainer.update_config),
         codec,
         trainer.mesh,
-        logprobs=update_lib.compute_logprobs_fn(trainer.graphdef, config.temperature, micro),
-        values=update_lib.compute_values_fn(trainer.critic_graphdef, micro) if trainer.algorithm.critic else None,
+        logprobs=update_lib.compute_logprobs_fn(trainer.graphdef, config.temperature, micro, options),
+        values=update_lib.compute_values_fn(trainer.critic_graphdef, micro, options)
+        if trainer.algorithm.critic
+        else None,
         # The starting policy; a LoRA run's reference shares its base with the policy (its adapters a copy).
         ref_params=state_lib.model_params(jax.tree.map(jnp.copy, trainer.params), trainer.frozen)
         if needs_ref

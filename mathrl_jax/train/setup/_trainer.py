@@ -14,6 +14,7 @@ from flax import nnx
 
 import mathrl_jax.train.setup._sections as sections
 from mathrl_jax import sharding
+from mathrl_jax.compile_options import trainer_pass_options
 from mathrl_jax.models import hf, value_head
 from mathrl_jax.train import algorithms
 from mathrl_jax.train import state as state_lib
@@ -84,6 +85,7 @@ def build_trainer(config, start_dir: str) -> Trainer:
         # update would free buffers another thread is reading.
         donate=not sections.runs_ahead(config),
         state_shardings=jax.tree.map(lambda leaf: leaf.sharding, state),  # the rules', call after call
+        compiler_options=trainer_pass_options(model.config.vocab_size),
     )
     return Trainer(
         mesh, model, graphdef, params, frozen, critic_graphdef, critic_frozen, state, update, update_config, algorithm

@@ -129,7 +129,7 @@ def _in_row_chunks(fn: Callable, chunk_rows: Optional[int]) -> Callable:
     return chunked
 
 
-def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
+def _pass_fn(per_row: Callable, chunk_rows: Optional[int], compiler_options: Optional[dict] = None) -> Callable:
     """Jitted `(params, input_ids [N, L], attention_mask [N, L], packing=None) -> [N, L]` of
     `per_row(params, ids, packing-or-None, attention_mask)`, on the padded rows or, with `packing`
     (`packing.plan_passes`), on the packed rows and brought back to the padded layout; `chunk_rows` rows
@@ -154,21 +154,25 @@ def _pass_fn(per_row: Callable, chunk_rows: Optional[int]) -> Callable:
         out = _in_row_chunks(packed, chunk)(params, ids, segment_ids, flat(packing["positions"]), live=live)
         return unpack(out, packing)
 
-    return jax.jit(trainer_pass)
+    return jax.jit(trainer_pass, compiler_options=compiler_options)
 
 
-def compute_logprobs_fn(graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None) -> Callable:
+def compute_logprobs_fn(
+    graphdef, temperature: float = 1.0, chunk_rows: Optional[int] = None, compiler_options: Optional[dict] = None
+) -> Callable:
     """Jitted `(params, input_ids, attention_mask, packing=None) -> [N, L] log-probs` (old / reference /
     proximal log-probs), `chunk_rows` rows at a time if given (the loop passes the update's micro-batch:
-    the memory the update needs)."""
+    the memory the update needs); `compiler_options`: XLA's (`mathrl_jax.compile_options`)."""
 
     def per_row(params, input_ids, attention_mask, packing):
         return policy_logprobs(graphdef, params, input_ids, attention_mask, temperature, packing)[0]
 
-    return _pass_fn(per_row, chunk_rows)
+    return _pass_fn(per_row, chunk_rows, compiler_options)
 
 
-def compute_values_fn(critic_graphdef, chunk_rows: Optional[int] = None) -> Callable:
+def compute_values_fn(
+    critic_graphdef, chunk_rows: Optional[int] = None, compiler_options: Optional[dict] = None
+) -> Callable:
     """Jitted `(critic_params, input_ids, attention_mask, packing=None) -> [N, L]` aligned values, `chunk_rows`
     rows at a time."""
-    return _pass_fn(functools.partial(critic_values, critic_graphdef), chunk_rows)
+    return _pass_fn(functools.partial(critic_values, critic_graphdef), chunk_rows, compiler_options)

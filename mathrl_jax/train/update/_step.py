@@ -237,6 +237,7 @@ def make_update_fn(
     critic_shares_base: bool = False,
     learning_rate: Optional[optax.Schedule] = None,
     critic_learning_rate: Optional[optax.Schedule] = None,
+    compiler_options: Optional[dict] = None,
 ) -> Callable[..., Tuple[TrainState, Dict[str, jax.Array]]]:
     """The jitted `update(state, batch, frozen=None) -> (state, metrics)` (see the module docstring). `frozen`:
     the weights a LoRA run does not train (`state.params` holds its adapters; `state.model_params`), never
@@ -375,4 +376,5 @@ def make_update_fn(
         return new_state, metrics
 
     out_shardings = None if state_shardings is None else (state_shardings, None)
-    return jax.jit(update, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
+    donated = (0,) if donate else ()
+    return jax.jit(update, donate_argnums=donated, out_shardings=out_shardings, compiler_options=compiler_options)
