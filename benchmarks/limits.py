@@ -255,11 +255,12 @@ def stage_fractions(records, counts: dict, machine: dict, rows: int, prompt_leng
 def time_logprob_pass(model_dir: str, dtype: str, rows: int, length: int, repeats: int = 1) -> float:
     """Median seconds of the trainer's log-prob pass (`train.update.compute_logprobs_fn`: the forward to the final
     hidden states, then the log-probs a chunk of logits at a time) on `[rows, length]` real tokens, float32 params
-    computing in `dtype`; compiled first, not counted."""
+    computing in `dtype`, with the trainer's compile options; compiled first, not counted."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    from mathrl_jax.compile_options import trainer_pass_options
     from mathrl_jax.models import load_model
     from mathrl_jax.train.update import compute_logprobs_fn
 
@@ -268,7 +269,8 @@ def time_logprob_pass(model_dir: str, dtype: str, rows: int, length: int, repeat
     graphdef, params = nnx.split(model)
     ids = jax.random.randint(jax.random.key(0), (rows, length), 3, vocab, jnp.int32)
     mask = jnp.ones((rows, length), jnp.int32)
-    compiled = compute_logprobs_fn(graphdef).lower(params, ids, mask).compile()
+    options = trainer_pass_options(vocab)  # the trainer's own compile options for its passes
+    compiled = compute_logprobs_fn(graphdef, compiler_options=options).lower(params, ids, mask).compile()
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
