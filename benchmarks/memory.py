@@ -34,14 +34,21 @@ VARIANTS = (("adamw", False), ("adamw", True), ("adafactor", False), ("adafactor
 SAMPLE = 65536  # entries per parameter leaf compared before and after the real step
 
 
-def model_config(shape: str, scan_layers: bool):
+def model_config(shape: str, scan_layers: bool, remat_policy: str = "nothing_saveable"):
     from benchmarks.shapes import SHAPES
     from mathrl_jax.models import tiny_config
 
-    return tiny_config(**SHAPES[shape], param_dtype="float32", dtype="bfloat16", remat=True, scan_layers=scan_layers)
+    return tiny_config(
+        **SHAPES[shape],
+        param_dtype="float32",
+        dtype="bfloat16",
+        remat=True,
+        remat_policy=remat_policy,
+        scan_layers=scan_layers,
+    )
 
 
-def update_parts(shape: str, optimizer_name: str, scan_layers: bool, abstract: bool):
+def update_parts(shape: str, optimizer_name: str, scan_layers: bool, abstract: bool, remat_policy="nothing_saveable"):
     """(update function, state, optimizer) of the trainer's GRPO update; `abstract`: shapes only."""
     import jax
     from flax import nnx
@@ -50,7 +57,7 @@ def update_parts(shape: str, optimizer_name: str, scan_layers: bool, abstract: b
     from mathrl_jax.train.state import create_train_state, make_optimizer
     from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
-    config = model_config(shape, scan_layers)
+    config = model_config(shape, scan_layers, remat_policy)
     build = lambda: nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))  # noqa: E731
     graphdef, params = nnx.eval_shape(build) if abstract else build()
     optimizer = make_optimizer(1e-6, name=optimizer_name)
@@ -69,9 +76,11 @@ def batch(rows: int, length: int, vocab: int, abstract: bool):
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in values.items()} if abstract else values
 
 
-def compiled_needs(shape: str, optimizer_name: str, scan_layers: bool, rows: int, length: int) -> dict:
+def compiled_needs(
+    shape: str, optimizer_name: str, scan_layers: bool, rows: int, length: int, remat_policy="nothing_saveable"
+) -> dict:
     """Compile seconds and XLA's memory analysis of one variant, from abstract shapes."""
-    update, state, config = update_parts(shape, optimizer_name, scan_layers, abstract=True)
+    update, state, config = update_parts(shape, optimizer_name, scan_layers, abstract=True, remat_policy=remat_policy)
     start = time.perf_counter()
     compiled = update.lower(state, batch(rows, length, config.vocab_size, abstract=True)).compile()
     seconds = time.perf_counter() - start
@@ -85,12 +94,14 @@ def compiled_needs(shape: str, optimizer_name: str, scan_layers: bool, rows: int
     )
 
 
-def one_real_step(shape: str, optimizer_name: str, scan_layers: bool, rows: int, length: int) -> dict:
+def one_real_step(
+    shape: str, optimizer_name: str, scan_layers: bool, rows: int, length: int, remat_policy="nothing_saveable"
+) -> dict:
     """One real update step (run in a fresh process, so the peak resident memory is the step's own)."""
     import jax
     import numpy as np
 
-    update, state, config = update_parts(shape, optimizer_name, scan_layers, abstract=False)
+    update, state, config = update_parts(shape, optimizer_name, scan_layers, abstract=False, remat_policy=remat_policy)
     # The first SAMPLE entries of each leaf, copied (a whole copy of the params would be 6 GB at 1.5B, and the
     # donated buffers are reused by the step).
     before = [np.asarray(x).reshape(-1)[:SAMPLE].copy() for x in jax.tree.leaves(state.params)]
@@ -126,6 +137,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--no-run", action="store_true", help="compile only; run no real step")
+    parser.add_argument(
+        "--remat-policy",
+        default="nothing_saveable",
+        choices=("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"),
+        help="config.remat_policy: what remat keeps for the backward (models.qwen.REMAT_POLICIES)",
+    )
+    parser.add_argument("--optimizers", default="adamw,adafactor", help="the variants' optimizers, comma-separated")
     args = parser.parse_args(argv)
     from benchmarks.shapes import SHAPES
 
@@ -137,13 +155,18 @@ def main(argv=None) -> int:
         return 2
     spawn = multiprocessing.get_context("spawn")
     results = {}
-    for name, scan in VARIANTS:  # each compile in a fresh process: no cache shared between variants
+    variants = [(name, scan) for name, scan in VARIANTS if name in args.optimizers.split(",")]
+    if not variants:
+        print(f"--optimizers={args.optimizers}: expected adamw and/or adafactor", file=sys.stderr)
+        return 2
+    for name, scan in variants:  # each compile in a fresh process: no cache shared between variants
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
-            results[name, scan] = pool.submit(compiled_needs, args.shape, name, scan, args.rows, args.length).result()
-    base = results["adamw", False]
+            needs = pool.submit(compiled_needs, args.shape, name, scan, args.rows, args.length, args.remat_policy)
+            results[name, scan] = needs.result()
+    base = next(iter(results.values()))  # the first variant: adamw unrolled unless --optimizers leaves it out
     print(
         f"update step, {args.shape}, {args.rows} x {args.length} tokens, float32 master params, bfloat16 compute, "
-        f"remat; available memory {gib(available_bytes())} GiB\n"
+        f"remat ({args.remat_policy}); available memory {gib(available_bytes())} GiB\n"
     )
     print("| optimizer | layers | compile (s) | vs baseline | needs (GiB) | vs baseline | temporaries (GiB) |")
     print("|---|---|---|---|---|---|---|")
@@ -161,7 +184,7 @@ def main(argv=None) -> int:
         return 0
     _, (name, scan) = min(fitting)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
-        step = pool.submit(one_real_step, args.shape, name, scan, args.rows, args.length).result()
+        step = pool.submit(one_real_step, args.shape, name, scan, args.rows, args.length, args.remat_policy).result()
     print(
         f"\none real step, {name}, layers {'scanned' if scan else 'unrolled'}, {step['params'] / 1e9:.3f}B params: "
         f"{step['seconds']:.1f} s, peak resident memory {gib(step['peak_rss'])} GiB, loss {step['loss']:.4f}, "

@@ -132,6 +132,19 @@ OPTIONS = (
             resume=MAY_CHANGE,
         ),
         Option(
+            "remat_policy",
+            "nothing_saveable",
+            (
+                "What remat keeps of each layer's forward for the backward (jax.checkpoint_policies): "
+                '"nothing_saveable" (the layer\'s input alone; the whole forward recomputed), '
+                '"dots_with_no_batch_dims_saveable" (also the weight matmuls\' outputs: MaxText\'s "minimal"; '
+                'recomputes attention and the elementwise ops), "dots_saveable" (every matmul\'s output). More '
+                "kept, less recomputed: more memory, fewer FLOPs. Used only with remat=True."
+            ),
+            resume=MAY_CHANGE,
+            choices="mathrl_jax.models.qwen:REMAT_POLICIES",
+        ),
+        Option(
             "scan_layers",
             False,
             (

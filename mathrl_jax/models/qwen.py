@@ -42,6 +42,12 @@ from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What a remat'd decoder layer keeps of its forward for the backward pass, by `jax.checkpoint_policies` name:
+# "nothing_saveable" keeps the layer's input alone (gradient checkpointing as in Hugging Face and TRL; the whole
+# forward is recomputed); "dots_with_no_batch_dims_saveable" keeps the outputs of the weight matmuls (q/k/v/o,
+# gate/up/down: MaxText's "minimal" policy) and recomputes attention and the elementwise ops; "dots_saveable" keeps
+# every dot_general's output, attention scores included (a fused attention kernel is a custom call: recomputed).
+REMAT_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
 class ConfigError(MathRLError, ValueError):
@@ -73,6 +79,7 @@ class QwenConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    remat_policy: str = "nothing_saveable"  # what remat keeps for the backward: REMAT_POLICIES
     scan_layers: bool = False  # a cache-less pass compiles one layer and scans it (see `QwenModel._scan_layers`)
     attention: str = "auto"  # the cache-less pass's attention: ATTENTION_IMPLEMENTATIONS
     # LoRA adapters (`models/lora.py`) on the projections named in `lora_targets`; rank 0: none.
@@ -86,6 +93,8 @@ class QwenConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ConfigError(f"attention={self.attention!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ConfigError(f"remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(
                 f"architectures={self.architecture!r} is not supported; expected one of {sorted(ARCHITECTURES)}"
@@ -285,7 +294,9 @@ class QwenModel(nnx.Module):
         # from the loop's trace level (flax TraceContextError).
         if cache is None and c.scan_layers and len(self.layers) > 1:
             return self.norm(self._scan_layers(x, positions, allowed, rope)), None
-        call = nnx.remat(_remat_layer) if c.remat and cache is None else _remat_layer
+        call = _remat_layer
+        if c.remat and cache is None:
+            call = nnx.remat(_remat_layer, policy=getattr(jax.checkpoint_policies, c.remat_policy))
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index, rope)
@@ -322,7 +333,7 @@ class QwenModel(nnx.Module):
             return constrain_batch(x), None
 
         if c.remat:
-            body = jax.checkpoint(body)
+            body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, c.remat_policy))
         x, _ = jax.lax.scan(body, x, stacked)
         return x
 

@@ -113,7 +113,7 @@ def test_choices_named_by_module_are_the_librarys_own_tuple():
     assert options.choice_error(option, "token-mean") is None
     assert "unknown x 'tokens'" in options.choice_error(option, "tokens")
     by_key = {o.key: o for o in options.options_of(default.OPTIONS)}
-    for key in ("algorithm_name", "sampler", "loss_agg_mode", "kl_kind", "attention", "vllm.transfer"):
+    for key in ("algorithm_name", "sampler", "loss_agg_mode", "kl_kind", "attention", "remat_policy", "vllm.transfer"):
         assert options.choices_of(by_key[key]), key  # each resolves
 
 

@@ -118,12 +118,15 @@ def test_packed_sequences_match_separate_sequences(hf_checkpoints):
     np.testing.assert_allclose(packed_logits[:, 5:], model(jnp.asarray(second))[0], atol=2e-5)
 
 
-def test_remat_gives_the_same_loss_and_gradients(hf_checkpoints):
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("policy", qwen.REMAT_POLICIES)
+def test_remat_gives_the_same_loss_and_gradients(hf_checkpoints, policy, scan_layers):
     directory = hf_checkpoints["qwen2"][0]
     ids = jnp.asarray(np.random.RandomState(5).randint(0, 97, (2, 9)))
 
     def loss_and_grads(remat):
-        graphdef, state = nnx.split(hf.load_model(directory, remat=remat))
+        model = hf.load_model(directory, remat=remat, remat_policy=policy, scan_layers=scan_layers)
+        graphdef, state = nnx.split(model)
 
         def loss(s):
             logits, _ = qwen.forward(graphdef, s, ids)
@@ -135,6 +138,14 @@ def test_remat_gives_the_same_loss_and_gradients(hf_checkpoints):
     np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grads_remat), jax.tree.leaves(grads_plain)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_bad_remat_policy_is_refused_by_name():
+    with pytest.raises(qwen.ConfigError, match="^remat_policy='dots'; expected one of"):
+        qwen.QwenConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, remat_policy="dots",
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("remat", [False, True])
@@ -161,11 +172,11 @@ def test_scanned_layers_give_the_unrolled_loss_and_gradients(hf_checkpoints, rem
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def _matmuls_in_training_step(num_layers: int, scan_layers: bool) -> int:
-    """`dot_general`s in the lowered program of a loss and its gradients, bf16 compute with remat."""
+def _matmuls_in_training_step(num_layers: int, scan_layers: bool, remat=True, policy="nothing_saveable") -> int:
+    """`dot_general`s in the lowered program of a loss and its gradients, bf16 compute, remat by default."""
     config = qwen.QwenConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, dtype="bfloat16", remat=True, scan_layers=scan_layers,
+        num_key_value_heads=2, head_dim=8, dtype="bfloat16", remat=remat, remat_policy=policy, scan_layers=scan_layers,
     )  # fmt: skip
     graphdef, state = nnx.eval_shape(lambda: nnx.split(qwen.QwenForCausalLM(config, rngs=nnx.Rngs(0))))
     ids = jax.ShapeDtypeStruct((2, 16), jnp.int32)
@@ -184,6 +195,16 @@ def test_a_training_pass_compiles_one_decoder_layer_whatever_the_depth():
     unrolled_2, unrolled_6 = _matmuls_in_training_step(2, False), _matmuls_in_training_step(6, False)
     per_layer = unrolled_2 - _matmuls_in_training_step(1, False)
     assert per_layer > 0 and unrolled_6 - unrolled_2 == 4 * per_layer
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_a_remat_policy_recomputes_only_the_matmuls_it_does_not_keep(scan_layers):
+    """The backward recomputes every matmul of a layer with "nothing_saveable", only attention's with
+    "dots_with_no_batch_dims_saveable" (the projections' outputs are kept), and none with "dots_saveable": the
+    program then has the matmuls of no remat at all."""
+    count = {p: _matmuls_in_training_step(2, scan_layers, policy=p) for p in qwen.REMAT_POLICIES}
+    plain = _matmuls_in_training_step(2, scan_layers, remat=False)
+    assert count["nothing_saveable"] > count["dots_with_no_batch_dims_saveable"] > count["dots_saveable"] == plain
 
 
 def test_hidden_states_and_unembedding_reproduce_the_logits(hf_checkpoints):

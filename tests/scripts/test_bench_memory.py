@@ -36,3 +36,20 @@ def test_bench_memory_refuses_an_unknown_shape():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2 and "--shape 'qwen9'" in result.stderr
+
+
+def test_a_remat_policy_that_keeps_more_needs_more_with_the_layers_scanned():
+    """`--remat-policy` reaches the compiled update: with the layers scanned (where XLA:CPU keeps remat's saving),
+    keeping every matmul's output needs more temporaries than keeping only each layer's input."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    temporaries = {}
+    for policy in ("nothing_saveable", "dots_saveable"):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "scripts", "bench_memory.py"), "--shape", "tiny", "--no-run",
+             "--optimizers", "adamw", "--remat-policy", policy, "--rows", "8", "--length", "256"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0 and f"remat ({policy})" in result.stdout, result.stderr[-2000:]
+        row = re.search(r"^\| adamw \| scanned \|.* \| ([\d.]+) \|$", result.stdout, re.M)
+        temporaries[policy] = float(row.group(1))
+    assert temporaries["dots_saveable"] > temporaries["nothing_saveable"], temporaries

@@ -217,13 +217,21 @@ def test_evaluations_measure_sampled_accuracy_at_the_ends_and_write_samples(mode
         assert record["prompt"].endswith("=") and isinstance(record["completion"], str)
 
 
-@pytest.mark.parametrize("micro_batch_size", [0, 2], ids=["one micro-batch", "several micro-batches"])
-def test_remat_trains_as_without_it(micro_batch_size, model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize(
+    "micro_batch_size, policy",
+    [(0, "nothing_saveable"), (2, "nothing_saveable"), (2, "dots_with_no_batch_dims_saveable")],
+    ids=["one micro-batch", "several micro-batches", "several micro-batches, projections kept"],
+)
+def test_remat_trains_as_without_it(micro_batch_size, policy, model_dir, tmp_path):  # noqa: F811
     """Several micro-batches (padded rows, 4 a minibatch): the accumulation traces the metric shapes once more, where
-    the remat'd model crashed with flax's TraceContextError."""
+    the remat'd model crashed with flax's TraceContextError. `remat_policy` reaches the trainer's model."""
+    from mathrl_jax.train.setup._trainer import build_trainer
+
     settings = dict(num_iterations=2, micro_batch_size=micro_batch_size, packing=False)
     _, plain = run_and_record(small_config(model_dir, tmp_path / "plain", **settings))
-    _, remat = run_and_record(small_config(model_dir, tmp_path / "remat", remat=True, **settings))
+    config = small_config(model_dir, tmp_path / "remat", remat=True, remat_policy=policy, **settings)
+    assert build_trainer(config, model_dir).model.config.remat_policy == policy
+    _, remat = run_and_record(config)
     for (i, a), (j, b) in zip(plain, remat):
         assert i == j
         for key in ("rollout/rewards", "rollout/response_length", "train/policy_loss", "train/grad_norm"):

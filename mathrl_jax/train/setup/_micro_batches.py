@@ -21,7 +21,7 @@ from mathrl_jax.sharding.distributed import note
 GIB = 2**30
 
 
-def activation_bytes(model_config, tokens: int, width: int, *, remat: bool) -> int:
+def activation_bytes(model_config, tokens: int, width: int, *, remat: bool, policy: str = "nothing_saveable") -> int:
     """Estimate of the bytes a forward + backward pass over `tokens` tokens in rows of `width` keeps for the
     backward: per token and layer, 6 intermediate-sized values in the compute dtype (the MLP's gate, up, their
     product, the activation's input and their gradients' staging) and 12 hidden-sized values plus 2 attention rows
@@ -29,15 +29,30 @@ def activation_bytes(model_config, tokens: int, width: int, *, remat: bool) -> i
 
     Fitted to XLA's memory analysis of the update: within 0.95-1.04x of its temporaries' growth per token at two
     small shapes in float32 and bfloat16 (tested), 1.15x at the 0.5B shape with 152-token rows (4.24 MB a token
-    against 3.7). With `remat` the pass keeps each layer's input and one layer's activations at a time.
+    against 3.7). With `remat` the pass keeps each layer's input, what the remat `policy` saves of each layer
+    (`saved_by_policy`) and one layer's activations at a time.
     """
     c = model_config
     itemsize = 2 if c.dtype in ("bfloat16", "float16") else 4
     per_layer = itemsize * 6 * c.intermediate_size + 4 * (12 * c.hidden_size + 2 * c.num_attention_heads * width)
     layers = c.num_hidden_layers
     if remat:
-        return tokens * (layers * 4 * c.hidden_size + per_layer)
+        return tokens * (layers * (4 * c.hidden_size + saved_by_policy(c, width, policy)) + per_layer)
     return tokens * layers * per_layer
+
+
+def saved_by_policy(model_config, width: int, policy: str) -> int:
+    """Bytes per token and layer that a remat policy (`models.qwen.REMAT_POLICIES`) keeps beyond the layer's input,
+    counted in float32: "dots_with_no_batch_dims_saveable" the projections the backward reads (q, k, v, gate, up),
+    "dots_saveable" also attention's scores and output (`width` + head_dim values a head). Within 0.9-1.1x of
+    the growth of XLA's memory analysis per token at a small scanned shape, float32 and bfloat16 (tested)."""
+    c = model_config
+    if policy == "nothing_saveable":
+        return 0
+    kept = c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim + 2 * c.intermediate_size
+    if policy == "dots_saveable":
+        kept += c.num_attention_heads * (width + c.head_dim)
+    return 4 * kept
 
 
 def micro_batch_rows(config, model_config, batch_shards: int) -> Optional[int]:
@@ -57,7 +72,7 @@ def micro_batch_rows(config, model_config, batch_shards: int) -> Optional[int]:
     remat = config.remat and (config.scan_layers or jax.default_backend() != "cpu")
 
     def need(micro: int) -> int:
-        return activation_bytes(model_config, micro * width, width, remat=remat)
+        return activation_bytes(model_config, micro * width, width, remat=remat, policy=config.remat_policy)
 
     if need(mini) <= budget:
         return None

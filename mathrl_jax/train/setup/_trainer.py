@@ -48,7 +48,8 @@ def build_trainer(config, start_dir: str) -> Trainer:
         param_dtype=config.param_dtype, dtype=config.dtype, attention=config.attention, scan_layers=config.scan_layers
     )
     adapters = sections.lora_settings(config)
-    model = hf.load_model(start_dir, remat=config.remat, lora_seed=config.seed, **adapters, **numerics)
+    remat = dict(remat=config.remat, remat_policy=config.remat_policy)
+    model = hf.load_model(start_dir, **remat, lora_seed=config.seed, **adapters, **numerics)
     rules = sharding.qwen_rules(model.config.num_key_value_heads, mesh.shape["tp"])
     frozen = None
     if model.config.lora_rank:  # the adapters train (TrainState.params, the optimizer's); the base stays put

@@ -8,6 +8,7 @@ from flax import nnx
 
 from benchmarks.gpu import grpo_batch
 from mathrl_jax.models import QwenForCausalLM, tiny_config
+from mathrl_jax.models.qwen import REMAT_POLICIES
 from mathrl_jax.train.setup._micro_batches import GIB, activation_bytes, micro_batch_rows
 from mathrl_jax.train.state import create_train_state, make_optimizer
 from mathrl_jax.train.update import UpdateConfig, make_update_fn
@@ -36,6 +37,26 @@ def test_the_estimate_follows_the_growth_of_xlas_temporaries(dtype):
     assert activation_bytes(model_config, 1, width, remat=True) < estimate
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_remat_policy_keeps_more_and_the_estimate_follows(dtype):
+    """With the layers scanned (where XLA:CPU keeps remat's saving), each policy that keeps more of a layer's forward
+    holds more temporaries per token, all below no remat's; the estimate follows each within 0.8-1.25x."""
+    width, per_token, estimate = 64, {}, {}
+    for policy in (None,) + REMAT_POLICIES:
+        remat = dict(remat=policy is not None, remat_policy=policy or "nothing_saveable", scan_layers=True)
+        model_config = tiny_config(
+            hidden_size=128, intermediate_size=384, num_hidden_layers=4, vocab_size=512, dtype=dtype, **remat
+        )
+        grown = xla_temporaries(model_config, 32, width) - xla_temporaries(model_config, 8, width)
+        per_token[policy] = grown / (24 * width)
+        if policy is not None:
+            estimate[policy] = activation_bytes(model_config, 1, width, remat=True, policy=policy)
+    order = [per_token[p] for p in REMAT_POLICIES + (None,)]
+    assert order == sorted(order) and len(set(order)) == len(order), per_token
+    for policy in REMAT_POLICIES:
+        assert 0.8 < estimate[policy] / per_token[policy] < 1.25, (policy, estimate[policy], per_token[policy])
+
+
 class Settings(dict):
     __getattr__ = dict.__getitem__
 
@@ -52,6 +73,7 @@ def settings(**overrides):
         max_prompt_length=16,
         max_new_tokens=112,
         remat=False,
+        remat_policy="nothing_saveable",
         scan_layers=False,
     )
     return Settings(base, **overrides)
