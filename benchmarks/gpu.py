@@ -27,6 +27,25 @@ Steps, in order (`--only` picks some; each runs in a process of its own, see bel
    earn no reward, so every advantage is 0: `skip_zero_advantage=False` makes the update compute every row, as
    it does when rewards differ. Needs the loop's pure-Python packages (docs/gpu.md says how to carry them).
 
+Steps run only when `--only` names them (in `--only`'s order, `matmul` first), for a profile of the update, the
+first iteration and TRL on the same card (docs/gpu.md, "The next GPU run"):
+
+6. `update_sweep`: the `update` step for each of `update_variants` (`UPDATE_VARIANTS`: remat policies, no remat,
+   scanned layers, twice the rows, XLA GPU compile options), one after the other in one process; per variant
+   also XLA's own FLOP count of the program (remat's recomputation and attention included) over the matmul rate.
+   The first variant's steps are then traced with `jax.profiler` and `benchmarks.trace_summary` splits their
+   device time into matmuls, attention and the rest, and the device's idle time between ops.
+7. `compile`: the `grpo` step's first iteration in fresh processes, layers unrolled and scanned, each with JAX's
+   persistent compilation cache cold and then warm (a second process on the same directory): seconds, the
+   loop's split, XLA's programs compiled or loaded and the cache's hits.
+8. `trl`: TRL's `GRPOTrainer` (`benchmarks.grpo.bench_trl`) at the `grpo` step's shape and setting, on the same
+   card: transformers `generate`, then `generate` with the static KV cache; seconds per iteration and peak memory.
+   Needs TRL's wheels (`scripts/gpu_wheels.py --trl`).
+
+`sampler` also measures the card's copy bandwidth (a donated in-place `x * 2`, `benchmarks.limits`) and gives each
+batch's fraction of it: the least bytes its decoding reads (the weights once a step and the KV cache so far) over
+its time. `--sampler-batches` sets its batches; above `sampler_torch_max_batch` there is no transformers baseline.
+
 Each step runs as a child process (`--child STEP`) under its budget (`--budget-s`, else the profile's per step,
 and never past `--total-budget-s` from the start): a step that raises, or runs over and is killed with its process
 group, is recorded as failed with its error, and the next step runs. A child writes what it has measured to
@@ -45,6 +64,7 @@ JAX's allocator may hold; the largest step, the 1.5B update, needs about half of
     python scripts/bench_gpu.py --out $OUT                 # on the lent GPU: one command, about 6-9 minutes
     python scripts/bench_gpu.py --smoke --out /tmp/bg      # CPU, tiny shapes, short lengths: well under a minute
     python scripts/bench_gpu.py --only matmul,update       # some steps
+    python scripts/bench_gpu.py --only update_sweep,compile,trl,sampler --sampler-batches 256,1024 --out $OUT
 """
 
 from __future__ import annotations
@@ -82,6 +102,22 @@ from benchmarks.shapes import SHAPES  # noqa: E402
 #   qwen2.5-1.5b: vocab 151936, hidden 1536, intermediate 8960, 28 layers, 12 heads / 2 KV heads, tied
 MODELS = {name: SHAPES[name] for name in ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")}
 
+# The update sweep's variants (`update_sweep`), in the order they run: each is the `update` step's setting (remat
+# "nothing_saveable", `update_rows` x `update_length` tokens, layers unrolled, config.attention, XLA's default
+# compile options) with these changes. `compiler_options` are XLA debug options set on the update's program alone
+# (`jax.jit(compiler_options=...)`); `rows_factor` multiplies the rows of the step.
+UPDATE_VARIANTS = {
+    "baseline": {},
+    "save_projections": {"remat_policy": "dots_with_no_batch_dims_saveable"},
+    "save_dots": {"remat_policy": "dots_saveable"},
+    "no_remat": {"remat": False},
+    "scanned": {"scan_layers": True},
+    "double_rows": {"rows_factor": 2},
+    "cublas_only": {"compiler_options": {"xla_gpu_enable_triton_gemm": False}},
+    "latency_hiding": {"compiler_options": {"xla_gpu_enable_latency_hiding_scheduler": True}},
+}
+
+
 # What each step runs on: the GPU report, and the smoke run (CPU, tiny shapes, short lengths) the tests use.
 PROFILES = {
     "gpu": dict(
@@ -92,15 +128,21 @@ PROFILES = {
         update_prompt=256,
         update_length=1024,
         update_steps=5,
+        # the five a first sweep most needs (save_dots keeps what save_projections does when attention is cuDNN's
+        # custom call; the compile options are second-order): about 45 s each on an H100 by the update's figures
+        update_variants=("baseline", "save_projections", "no_remat", "scanned", "double_rows"),
+        profile_steps=3,
         attention_model="qwen2.5-1.5b",
         attention_rows=8,
         attention_length=4096,
         attention_implementations=("blocked", "xla", "cudnn"),
         sampler_model="qwen2.5-1.5b",
         sampler_batches=(64, 256),
+        sampler_torch_max_batch=256,
         sampler_prompt=256,
         sampler_new_tokens=512,
         sampler_repeats=1,
+        bandwidth_bytes=4 * 2**30,
         sync_model="qwen2.5-1.5b",
         sync_repeats=3,
         grpo_model="qwen2.5-0.5b",
@@ -109,9 +151,24 @@ PROFILES = {
         grpo_new_tokens=512,
         grpo_minibatches=4,
         grpo_iterations=3,  # the first compiles
+        compile_layers=("unrolled", "scanned"),
+        trl_iterations=1,  # after the first
+        trl_static_cache=True,
         # measured on an H100 (2026-11-26): matmul 4 s, update 65, attention 58-62 (three compiles), sampler 159,
-        # sync 18, grpo 114: 420 s in all
-        budget_s=dict(matmul=60, update=150, attention=100, sampler=220, sync=60, grpo=200),
+        # sync 18, grpo 114: 420 s in all. update_sweep, compile and trl are not yet measured on a GPU: their
+        # budgets are estimates from those (a variant ~45 s, a cold first iteration ~75 s and a warm one ~15 s, a
+        # TRL round with eager generate ~40 s).
+        budget_s=dict(
+            matmul=60,
+            update=150,
+            attention=100,
+            sampler=220,
+            sync=60,
+            grpo=200,
+            update_sweep=250,
+            compile=180,
+            trl=150,
+        ),  # fmt: skip
         total_budget_s=540,  # under the device tool's 600 s a command
     ),
     "smoke": dict(
@@ -122,15 +179,19 @@ PROFILES = {
         update_prompt=8,
         update_length=32,
         update_steps=2,
+        update_variants=tuple(UPDATE_VARIANTS),
+        profile_steps=2,
         attention_model="tiny",
         attention_rows=2,
         attention_length=64,
         attention_implementations=("blocked", "xla"),
         sampler_model="tiny",
         sampler_batches=(2, 4),
+        sampler_torch_max_batch=2,
         sampler_prompt=8,
         sampler_new_tokens=8,
         sampler_repeats=1,
+        bandwidth_bytes=2**24,
         sync_model="tiny",
         sync_repeats=1,
         grpo_model="tiny",
@@ -139,14 +200,32 @@ PROFILES = {
         grpo_new_tokens=4,
         grpo_minibatches=1,
         grpo_iterations=2,
-        budget_s=dict(matmul=60, update=120, attention=60, sampler=120, sync=60, grpo=120),
+        compile_layers=("unrolled", "scanned"),
+        trl_iterations=1,
+        trl_static_cache=False,  # torch.compile of generate on a CPU: minutes
+        budget_s=dict(
+            matmul=60,
+            update=120,
+            attention=60,
+            sampler=120,
+            sync=60,
+            grpo=120,
+            update_sweep=240,
+            compile=240,
+            trl=240,
+        ),  # fmt: skip
         total_budget_s=400,
     ),
 }
 # models.attention.ATTENTION_IMPLEMENTATIONS, spelled out: the parent process must not import JAX (the XLA settings
 # are set first); tests/scripts/test_bench_gpu.py checks the two agree.
 ATTENTION_IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
-STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")
+REMAT_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")  # models.qwen's
+DEFAULT_STEPS = ("matmul", "update", "attention", "sampler", "sync", "grpo")  # the GPU report's
+# Steps run only when `--only` names them: what a profile of the update, the first iteration and TRL on the same
+# card take (docs/gpu.md, "The next GPU run").
+EXTRA_STEPS = ("update_sweep", "compile", "trl")
+STEPS = DEFAULT_STEPS + EXTRA_STEPS
 MIN_STEP_S = 10  # a step with less of the total budget left is not started
 STEP_FILE = "current_step.json"  # the running step's numbers so far (merged into the report when it ends)
 
@@ -223,9 +302,12 @@ def grpo_batch(rows: int, prompt: int, length: int, vocab: int, seed: int = 0) -
     }
 
 
-def step_update(p, record):
-    """The jitted GRPO update at `update_model`: compile (lowered and compiled once, XLA's memory analysis kept),
-    then `update_steps` chained calls (the state is donated, as in training), median seconds per step."""
+def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
+    """The jitted GRPO update at `update_model` with `changes` (an `UPDATE_VARIANTS` entry) over the step's
+    settings: compile (lowered and compiled once; XLA's memory and cost analyses kept), then `update_steps`
+    chained calls (the state is donated, as in training), median seconds per step. `record(**values)` saves what
+    is measured as it goes. With `profile_dir`, `profile_steps` more steps run under `jax.profiler` and
+    `benchmarks.trace_summary` says where their device time went."""
     import jax
     from flax import nnx
 
@@ -233,14 +315,18 @@ def step_update(p, record):
     from mathrl_jax.train.state import create_train_state, make_optimizer
     from mathrl_jax.train.update import UpdateConfig, make_update_fn
 
-    name, rows, length = p["update_model"], p["update_rows"], p["update_length"]
+    name, length = p["update_model"], p["update_length"]
+    rows = p["update_rows"] * changes.get("rows_factor", 1)
+    remat = changes.get("remat", True)
+    policy = changes.get("remat_policy", p["remat_policy"])
     config = tiny_config(
         **MODELS[name],
         param_dtype="float32",
         dtype="bfloat16",
-        remat=True,
+        remat=remat,
+        remat_policy=policy,
         attention=p["attention"],
-        scan_layers=p["scan_layers"],
+        scan_layers=changes.get("scan_layers", p["scan_layers"]),
     )
     graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
     n_params = sum(x.size for x in jax.tree.leaves(params))
@@ -253,9 +339,10 @@ def step_update(p, record):
         rows=rows,
         length=length,
         tokens=tokens,
-        numerics="float32 params, bfloat16 compute, remat",
+        numerics="float32 params, bfloat16 compute" + (f", remat ({policy})" if remat else ", no remat"),
         attention=p["attention"],
-        scan_layers=p["scan_layers"],
+        scan_layers=config.scan_layers,
+        compiler_options=changes.get("compiler_options", {}),
         flops_per_step=6 * n_params * tokens,
         flops_formula="6 x params x tokens (attention and remat's recomputation not counted)",
         attention_flops_not_counted=attention * tokens,
@@ -263,11 +350,23 @@ def step_update(p, record):
     optimizer = make_optimizer(1e-6)
     state = create_train_state(params, optimizer, seed=0)
     batch = jax.device_put(grpo_batch(rows, p["update_prompt"], length, config.vocab_size))
-    update = make_update_fn(graphdef, optimizer, UpdateConfig(num_mini_batch=1), donate=True)
+    update = make_update_fn(
+        graphdef,
+        optimizer,
+        UpdateConfig(num_mini_batch=1),
+        donate=True,
+        compiler_options=changes.get("compiler_options") or None,
+    )
     start = time.perf_counter()
     compiled = update.lower(state, batch).compile()
     memory = compiled.memory_analysis()
-    record(compile_seconds=time.perf_counter() - start, xla_temp_bytes=getattr(memory, "temp_size_in_bytes", None))
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost  # a list of one on older JAX
+    record(
+        compile_seconds=time.perf_counter() - start,
+        xla_temp_bytes=getattr(memory, "temp_size_in_bytes", None),
+        xla_flops_per_step=cost.get("flops"),
+    )
     start = time.perf_counter()
     state, metrics = jax.block_until_ready(compiled(state, batch))
     record(first_step_seconds=time.perf_counter() - start)
@@ -277,15 +376,64 @@ def step_update(p, record):
         state, metrics = jax.block_until_ready(compiled(state, batch))
         seconds.append(time.perf_counter() - start)
     step = statistics.median(seconds)
-    record(
+    result = dict(
         seconds_per_step=seconds,
         median_seconds=step,
         tflops=6 * n_params * tokens / step / 1e12,
         tokens_per_second=tokens / step,
         loss=float(metrics["loss"]),
         skipped_updates=int(state.skipped_updates),
-        peak_memory_bytes=peak_memory_bytes(),
     )
+    # Everything XLA counts it runs: remat's recomputed forward and attention included. A scanned program's loop
+    # body is counted once, not once per layer, so there the count is left out.
+    if cost.get("flops") and not config.scan_layers:
+        result["xla_tflops"] = cost["flops"] / step / 1e12
+    record(**result)
+    if profile_dir:
+        with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+            for _ in range(p["profile_steps"]):
+                state, metrics = jax.block_until_ready(compiled(state, batch))
+        from benchmarks import trace_summary
+
+        record(profile=trace_summary.summarize(profile_dir))
+    return result
+
+
+def step_update(p, record):
+    """The update at the step's settings (`--attention`, `--scan-layers`, `--remat-policy`): `measure_update`."""
+    measure_update(p, {}, record)
+    record(peak_memory_bytes=peak_memory_bytes())
+
+
+def step_update_sweep(p, record):
+    """`measure_update` for each of `update_variants` in turn (`UPDATE_VARIANTS`; the first one profiled), each
+    recorded as it ends; a variant that fails (out of memory, an option this XLA lacks) is recorded with its error
+    and the next one runs. Compiled programs and states are dropped between variants."""
+    import gc
+
+    import jax
+
+    variants = {}
+    for i, name in enumerate(p["update_variants"]):
+        numbers = {}
+
+        def keep(**values):
+            numbers.update(values)
+            record(variants={**variants, name: numbers})
+
+        profile_dir = tempfile.mkdtemp(prefix="bench_gpu_profile_") if i == 0 else ""
+        try:
+            measure_update(p, UPDATE_VARIANTS[name], keep, profile_dir)
+        except Exception as error:  # recorded; the next variant runs
+            numbers["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        finally:
+            if profile_dir:
+                shutil.rmtree(profile_dir, ignore_errors=True)
+        variants[name] = numbers
+        record(variants=variants)
+        gc.collect()
+        jax.clear_caches()
+    record(peak_memory_bytes=peak_memory_bytes())
 
 
 def step_sampler(p, record):
@@ -323,6 +471,11 @@ def step_sampler(p, record):
         torch_device=device,
         attention=getattr(torch_model.config, "_attn_implementation", None),
     )
+    from benchmarks import limits
+
+    bandwidth = limits.copy_bandwidth(p["bandwidth_bytes"])  # the card's, measured here: the decode's bound
+    weights, kv = limits.weight_bytes(config, "bfloat16"), limits.kv_bytes_per_position(config, "bfloat16")
+    record(copy_bandwidth_bytes_per_second=bandwidth)
     sampler = JaxSampler(model, pad_token_id=config.pad_token_id, eos_token_ids=())
     params = SamplingParams(temperature=1.0, max_new_tokens=new, seed=0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -356,6 +509,17 @@ def step_sampler(p, record):
             start = time.perf_counter()
             out = sampler.generate(prompts.tolist(), params)
             jax_rates.append(sum(len(c) for c in out.completion_ids) / (time.perf_counter() - start))
+        jax_tps = statistics.median(jax_rates)
+        # the least bytes the generation reads (weights once a step, the KV cache so far), over its time
+        read = limits.decode_bytes(weights, kv, [prompt] * batch, new)
+        results[str(batch)] = dict(
+            jax_first_call_seconds=first,
+            jax_tokens_per_second=jax_tps,
+            bandwidth_fraction=read / (batch * new / jax_tps) / bandwidth,
+        )
+        record(batches=results)
+        if batch > p["sampler_torch_max_batch"]:  # transformers' eager generate: minutes at this batch
+            continue
         ids = torch.as_tensor(prompts, device=device)
         generate_torch(ids, 4)
         torch_rates = []
@@ -363,13 +527,8 @@ def step_sampler(p, record):
             start = time.perf_counter()
             made = generate_torch(ids, new)
             torch_rates.append(made / (time.perf_counter() - start))
-        jax_tps, torch_tps = statistics.median(jax_rates), statistics.median(torch_rates)
-        results[str(batch)] = dict(
-            jax_first_call_seconds=first,
-            jax_tokens_per_second=jax_tps,
-            transformers_tokens_per_second=torch_tps,
-            ratio=jax_tps / torch_tps,
-        )
+        torch_tps = statistics.median(torch_rates)
+        results[str(batch)].update(transformers_tokens_per_second=torch_tps, ratio=jax_tps / torch_tps)
         record(batches=results)
     record(peak_memory_bytes=peak_memory_bytes())
 
@@ -431,11 +590,28 @@ def step_sync(p, record):
 def step_grpo(p, record):
     """GRPO iterations of the training loop at `grpo_model`, on a random-weight checkpoint: each iteration's
     `perf/*` split as the loop measures it; the first compiles, the median is over the rest."""
+    import jax
+
+    from mathrl_jax import compile_cache
     from mathrl_jax.configs import default
     from mathrl_jax.models import write_tiny_checkpoint
     from mathrl_jax.train.loop import rollout_source, train_iteration
     from mathrl_jax.train.setup import build_run
 
+    compile_cache.enable(p["compile_cache"])  # "" (the default): off, so the first iteration compiles everything
+    compiles, cache = [], {"cache_hits": 0, "cache_misses": 0}
+
+    def on_duration(event, seconds, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    def on_event(event, **_):
+        key = event.rsplit("/", 1)[-1]
+        if event.startswith("/jax/compilation_cache/") and key in cache:
+            cache[key] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
     name = p["grpo_model"]
     directory = tempfile.mkdtemp(prefix="bench_gpu_grpo_")
     try:
@@ -477,6 +653,7 @@ def step_grpo(p, record):
                 state, host, m = train_iteration(state, host, i, source, run.batches, run.update, run.settings)
                 iterations.append({k: m[f"perf/{k}"] for k in ("step_time",) + SPLIT})
                 iterations[-1]["response_tokens"] = m["rollout/response_length"] * c.n_rollout_threads * c.group_size
+                iterations[-1].update(xla_compiles=len(compiles), xla_compile_seconds=sum(compiles), **cache)
                 record(iterations=iterations)
         finally:
             source.close()
@@ -485,10 +662,113 @@ def step_grpo(p, record):
             run.rollouts.grader.close()
         steady = iterations[1:] or iterations
         record(
+            compile_cache=bool(p["compile_cache"]),
             first_iteration_seconds=iterations[0]["step_time"],
             median={k: statistics.median(it[k] for it in steady) for k in ("step_time",) + SPLIT},
             peak_memory_bytes=peak_memory_bytes(),
         )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def step_compile(p, record):
+    """The first GRPO iteration (`grpo` at `grpo_model`, one iteration), each case in a fresh process: with the
+    layers unrolled and scanned, each with JAX's persistent compilation cache cold (an empty directory) and then
+    warm (a second process on the directory the first filled). Per case: the first iteration's seconds and split,
+    XLA's compiles (count and seconds, `jax.monitoring`) and the cache's hits and misses."""
+    cases = {}
+    root = tempfile.mkdtemp(prefix="bench_gpu_compile_")
+    try:
+        for layers in p["compile_layers"]:
+            cache_dir = os.path.join(root, f"cache_{layers}")
+            for temperature in ("cold", "warm"):
+                case, out = f"{layers}, {temperature}", os.path.join(root, f"{layers}_{temperature}")
+                os.makedirs(out)
+                command = [sys.executable, SCRIPT, "--child", "grpo", "--profile", p["profile"], "--out", out]
+                command += ["--attention", p["attention"], "--grpo-iterations", "1", "--compile-cache", cache_dir]
+                command += ["--scan-layers"] * (layers == "scanned")
+                start = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                seconds = time.perf_counter() - start
+                print(done.stdout[-4000:] + done.stderr[-4000:], flush=True)
+                try:
+                    with open(os.path.join(out, STEP_FILE)) as f:
+                        child = json.load(f)
+                except (OSError, ValueError):
+                    child = {}
+                if done.returncode != 0 or "first_iteration_seconds" not in child:
+                    error = child.get("error") or f"exited with status {done.returncode}"
+                    cases[case] = {"error": error[:300], "process_seconds": seconds}
+                else:
+                    first = child["iterations"][0]
+                    cases[case] = dict(
+                        first_iteration_seconds=child["first_iteration_seconds"],
+                        process_seconds=seconds,
+                        **{k: first[k] for k in SPLIT + ("xla_compiles", "xla_compile_seconds")},
+                        scan_layers=child.get("scan_layers"),
+                        cache_hits=first["cache_hits"],
+                        cache_misses=first["cache_misses"],
+                    )
+                record(model=p["grpo_model"], cases=cases)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def step_trl(p, record):
+    """TRL's `GRPOTrainer` (`benchmarks.grpo.bench_trl`) at `grpo_model` with the `grpo` step's setting: prompts,
+    samples, new tokens, minibatches, lr; every row trained (TRL always does); on the GPU float32 master weights
+    with bf16 autocast. Generation is transformers `generate` (no vLLM on the image), then, where
+    `trl_static_cache` is set, `generate` with the static KV cache (which compiles its decoding step). Per
+    variant: the first round (= iteration) and the median of the later ones, and the GPU's peak allocated bytes."""
+    import types
+
+    import torch
+    import transformers
+    import trl
+
+    from benchmarks.grpo import bench_trl
+    from mathrl_jax.models import write_tiny_checkpoint
+
+    device = torch_device()
+    settings = types.SimpleNamespace(
+        prompts=p["grpo_prompts"],
+        samples=p["grpo_samples"],
+        max_new_tokens=p["grpo_new_tokens"],
+        minibatches=p["grpo_minibatches"],
+        lr=1e-6,
+        warmup=1,
+        iterations=p["trl_iterations"],
+    )
+    record(
+        model=p["grpo_model"],
+        device=device,
+        trl=trl.__version__,
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        prompts=settings.prompts,
+        samples=settings.samples,
+        new_tokens=settings.max_new_tokens,
+        minibatches=settings.minibatches,
+    )
+    directory = tempfile.mkdtemp(prefix="bench_gpu_trl_")
+    try:
+        model_dir = os.path.join(directory, "model")
+        write_tiny_checkpoint(model_dir, seed=0, **MODELS[p["grpo_model"]])
+        variants = {}
+        for label, cache in (("generate", None), ("generate, static cache", "static"))[: 1 + p["trl_static_cache"]]:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            run = bench_trl(
+                model_dir, os.path.join(directory, label), settings, device=device, cache_implementation=cache
+            )
+            times = run["times"]
+            variants[label] = dict(
+                first_iteration_seconds=times[0],
+                median_seconds=statistics.median(times[1:] or times),
+                iterations=times,
+                peak_memory_bytes=run["peak"],
+            )
+            record(variants=variants)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -543,6 +823,9 @@ STEP_FUNCTIONS = {
     "sampler": step_sampler,
     "sync": step_sync,
     "grpo": step_grpo,
+    "update_sweep": step_update_sweep,
+    "compile": step_compile,
+    "trl": step_trl,
 }
 
 
@@ -561,7 +844,19 @@ def write_json(path: str, value) -> None:
 def run_child(name: str, args) -> int:
     """The body of `--child NAME`: runs the step, saving its numbers to OUT/current_step.json as it goes; an error
     is saved there too (type, message, traceback) and the exit status is 1."""
-    p = dict(PROFILES[args.profile], attention=args.attention, scan_layers=args.scan_layers)
+    p = dict(
+        PROFILES[args.profile],
+        profile=args.profile,
+        attention=args.attention,
+        scan_layers=args.scan_layers,
+        remat_policy=args.remat_policy,
+        compile_cache=args.compile_cache,
+    )
+    p["update_variants"] = tuple(args.variants.split(",")) if args.variants else p["update_variants"]
+    p["sampler_batches"] = (
+        tuple(int(b) for b in args.sampler_batches.split(",")) if args.sampler_batches else (p["sampler_batches"])
+    )
+    p["grpo_iterations"] = args.grpo_iterations or p["grpo_iterations"]
     path = os.path.join(args.out, STEP_FILE)
     result = {}
 
@@ -648,11 +943,19 @@ def run_step(name: str, budget: float, args, child_flags, on_start) -> dict:
 
 
 def add_mfu(report: dict) -> None:
-    """The update's MFU: its model TFLOP/s over the matmul step's measured bf16 rate (both from this run)."""
-    update, matmul = report["steps"].get("update", {}), report["steps"].get("matmul", {})
-    if update.get("tflops") and matmul.get("tflops"):
-        update["mfu"] = update["tflops"] / matmul["tflops"]
-        update["mfu_against"] = f"the matmul step's measured {matmul['tflops']:.1f} TFLOP/s"
+    """The updates' MFU: model TFLOP/s (6 x params x tokens) over the matmul step's measured bf16 rate (both from
+    this run); and `hfu`, the FLOPs XLA counts in the program (remat's recomputation included) over that rate."""
+    matmul = report["steps"].get("matmul", {})
+    if not matmul.get("tflops"):
+        return
+    updates = [report["steps"].get("update", {})]
+    updates += list(report["steps"].get("update_sweep", {}).get("variants", {}).values())
+    for update in updates:
+        if update.get("tflops"):
+            update["mfu"] = update["tflops"] / matmul["tflops"]
+            update["mfu_against"] = f"the matmul step's measured {matmul['tflops']:.1f} TFLOP/s"
+        if update.get("xla_tflops"):
+            update["hfu"] = update["xla_tflops"] / matmul["tflops"]
 
 
 def human_bytes(nbytes: int) -> str:
@@ -680,12 +983,47 @@ def summary(name: str, r: dict) -> str:
         ]
         return f"{r['model']} heads, {r['rows']} x {r['length']} packed, fwd+bwd bf16: " + ", ".join(parts)
     if name == "sampler" and r.get("batches"):
+        parts = []
+        for b, x in r["batches"].items():
+            part = f"batch {b}: {x['jax_tokens_per_second']:.0f} tok/s ({x['bandwidth_fraction']:.2f} of bandwidth)"
+            if "ratio" in x:
+                part += f" vs {x['transformers_tokens_per_second']:.0f} ({x['ratio']:.2f}x)"
+            parts.append(part)
+        bandwidth = r.get("copy_bandwidth_bytes_per_second", 0) / 1e9
+        return f"{r['model']}, JaxSampler vs transformers, copy bandwidth {bandwidth:.0f} GB/s: " + "; ".join(parts)
+    if name == "update_sweep" and r.get("variants"):
+        parts = []
+        for v, x in r["variants"].items():
+            if "median_seconds" not in x:
+                parts.append(f"{v}: failed ({x.get('error', 'not finished')})")
+                continue
+            mfu = f", MFU {100 * x['mfu']:.1f}%" if "mfu" in x else ""
+            hfu = f", XLA-counted {100 * x['hfu']:.1f}%" if "hfu" in x else ""
+            parts.append(f"{v}: {x['median_seconds']:.3f} s{mfu}{hfu}, compile {x['compile_seconds']:.0f} s")
+        profile = next((x["profile"] for x in r["variants"].values() if "profile" in x), None)
+        if profile:
+            share = ", ".join(f"{k} {v:.0%}" for k, v in profile["share_by_class"].items())
+            parts.append(f"profile of the first: {share} of kernel time, idle {profile['idle_fraction']:.0%}")
+        return "; ".join(parts)
+    if name == "compile" and r.get("cases"):
         parts = [
-            f"batch {b}: {x['jax_tokens_per_second']:.0f} vs {x['transformers_tokens_per_second']:.0f} tok/s "
-            f"({x['ratio']:.2f}x)"
-            for b, x in r["batches"].items()
+            f"{case}: "
+            + (
+                f"{x['first_iteration_seconds']:.1f} s ({x['xla_compiles']} programs, {x['xla_compile_seconds']:.1f} "
+                f"s compiling or loading them; {x['cache_hits']} cache hits)"
+                if "error" not in x
+                else "failed"
+            )
+            for case, x in r["cases"].items()
         ]
-        return f"{r['model']}, JaxSampler vs transformers: " + "; ".join(parts)
+        return f"{r['model']} first iteration: " + "; ".join(parts)
+    if name == "trl" and r.get("variants"):
+        parts = [
+            f"{v}: {x['median_seconds']:.2f} s/iteration (first {x['first_iteration_seconds']:.1f} s), "
+            f"peak {human_bytes(x['peak_memory_bytes'])}"
+            for v, x in r["variants"].items()
+        ]
+        return f"TRL {r['trl']} GRPOTrainer, {r['model']}: " + "; ".join(parts)
     if name == "sync" and r.get("cases"):
         parts = [
             f"{case}: {x['median_seconds']:.3f} s, {x['copies']}/{x['tensors']} copies "
@@ -730,18 +1068,38 @@ def parse_args(argv=None):
     parser.add_argument(
         "--scan-layers", action="store_true", help="config.scan_layers of update and grpo (one layer compiled)"
     )
+    parser.add_argument(
+        "--remat-policy", default="nothing_saveable", choices=REMAT_POLICIES, help="config.remat_policy of update"
+    )
+    parser.add_argument(
+        "--variants", default="", help=f"update_sweep's variants, comma-separated, of {','.join(UPDATE_VARIANTS)}"
+    )
+    parser.add_argument("--sampler-batches", default="", help="the sampler step's batch sizes, e.g. 256,1024")
     parser.add_argument("--fail-step", default="", choices=("",) + STEPS, help="tests: make this step raise")
     parser.add_argument("--hang-step", default="", choices=("",) + STEPS, help="tests: make this step run over")
     parser.add_argument("--child", default="", choices=("",) + STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--profile", default="", choices=("",) + tuple(PROFILES), help=argparse.SUPPRESS)
+    parser.add_argument("--compile-cache", default="", help=argparse.SUPPRESS)  # grpo: the persistent cache's dir
+    parser.add_argument("--grpo-iterations", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.out = os.path.abspath(args.out)
     args.profile = args.profile or ("smoke" if args.smoke else "gpu")
-    steps = [s for s in args.only.split(",") if s] or list(STEPS)
+    steps = list(dict.fromkeys(s for s in args.only.split(",") if s)) or list(DEFAULT_STEPS)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         parser.error(f"--only={args.only}: {unknown} not among the steps {','.join(STEPS)}")
-    args.steps = [s for s in STEPS if s in steps]
+    # --only's order is the run's, so the steps that matter most run first; the matmul rate (the MFU's
+    # denominator) always first
+    args.steps = sorted(steps, key=lambda s: s != "matmul")
+    bad = [v for v in args.variants.split(",") if v and v not in UPDATE_VARIANTS]
+    if bad:
+        parser.error(f"--variants={args.variants}: {bad} not among {','.join(UPDATE_VARIANTS)}")
+    try:
+        batches = [int(b) for b in args.sampler_batches.split(",") if b]
+    except ValueError:
+        batches = [0]
+    if any(b < 1 for b in batches):
+        parser.error(f"--sampler-batches={args.sampler_batches}: expected positive integers, e.g. 256,1024")
     for flag in ("budget_s", "total_budget_s"):
         if getattr(args, flag) is not None and not getattr(args, flag) > 0:
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be > 0")
@@ -759,7 +1117,11 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "bench_gpu.log"), "w"):
         pass
     total = args.total_budget_s or p["total_budget_s"]
-    child_flags = ["--profile", args.profile, "--attention", args.attention] + ["--scan-layers"] * args.scan_layers
+    child_flags = ["--profile", args.profile, "--attention", args.attention, "--remat-policy", args.remat_policy]
+    child_flags += ["--scan-layers"] * args.scan_layers
+    for flag in ("variants", "sampler_batches"):
+        if getattr(args, flag):
+            child_flags += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     for flag in ("fail_step", "hang_step"):
         if getattr(args, flag):
             child_flags += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
@@ -807,7 +1169,7 @@ def main(argv=None) -> int:
                 report["running"] = None
             r = report["steps"][name]
             report["device"] = report.get("device") or r.get("device")
-            if name == "update":
+            if name in ("update", "update_sweep"):
                 add_mfu(report)
             write_json(json_path, report)
             line = f"[{i}/{len(args.steps)}] {name}: {r['status']} in {r['seconds']:.1f} s"

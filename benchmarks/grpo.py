@@ -144,8 +144,12 @@ def bench_mathrl(model_dir: str, directory: str, args, settings=()):
     return {"records": records, "compiles": len(compiles), "compile_seconds": sum(compiles), "peak": peak_rss_bytes()}
 
 
-def bench_trl(model_dir: str, directory: str, args):
-    """Wall time of each generation round (= `minibatches` optimizer steps) of TRL's GRPOTrainer."""
+def bench_trl(model_dir: str, directory: str, args, device: str = "cpu", cache_implementation=None):
+    """Wall time of each generation round (= `minibatches` optimizer steps) of TRL's GRPOTrainer, and its peak
+    memory. On `device="cuda"`: float32 master weights with bf16 autocast (`bf16=True`, the mixed precision of
+    mathrl_jax's `param_dtype="float32", dtype="bfloat16"`) and the GPU's peak allocated bytes; else float32 on the
+    CPU and the process's peak resident memory. `cache_implementation="static"`: transformers' static KV cache,
+    with which `generate` compiles its decoding step (`torch.compile`)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -196,8 +200,9 @@ def bench_trl(model_dir: str, directory: str, args):
         loss_type="dapo",
         scale_rewards="group",
         gradient_checkpointing=False,
-        bf16=False,
-        use_cpu=True,
+        bf16=device == "cuda",
+        use_cpu=device == "cpu",
+        cache_implementation=cache_implementation,
         max_steps=rounds * args.minibatches,
         logging_steps=10**6,
         report_to="none",
@@ -212,7 +217,8 @@ def bench_trl(model_dir: str, directory: str, args):
     trainer.train()
     grader.close()
     ends = marks[:: args.minibatches]  # train start, then the end of each round's last step
-    return {"times": [b - a for a, b in zip(ends, ends[1:])], "peak": peak_rss_bytes()}
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else peak_rss_bytes()
+    return {"times": [b - a for a, b in zip(ends, ends[1:])], "peak": peak}
 
 
 def summary(times):

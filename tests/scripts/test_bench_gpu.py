@@ -18,7 +18,7 @@ STEPS = ["matmul", "update", "attention", "sampler", "sync", "grpo"]
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
 SIGNED = {"loss"}  # the policy loss has either sign
 ZERO = {"skipped_updates"}  # a finite step is never skipped
-COUNTS = {"copies", "copied_bytes", "largest_copy_bytes"}  # 0 for the zero-copy sync
+COUNTS = {"copies", "copied_bytes", "largest_copy_bytes", "cache_hits", "cache_misses"}  # 0 where none
 
 
 def numbers(value, key=""):
@@ -94,8 +94,10 @@ def test_smoke_runs_every_step_and_rewrites_the_report_after_each(tmp_path):
     assert all("error" not in x for x in steps["attention"]["implementations"].values())
 
     assert sorted(steps["sampler"]["batches"]) == ["2", "4"]
-    for b in steps["sampler"]["batches"].values():
-        assert math.isclose(b["ratio"], b["jax_tokens_per_second"] / b["transformers_tokens_per_second"])
+    for batch, b in steps["sampler"]["batches"].items():
+        if batch == "2":  # above the smoke run's sampler_torch_max_batch (2), no transformers baseline
+            assert math.isclose(b["ratio"], b["jax_tokens_per_second"] / b["transformers_tokens_per_second"])
+        assert 0 < b["bandwidth_fraction"]
 
     # Every tensor of the float32 params is a cast (a copy); of the bfloat16 params, only the transposed kernels.
     table = hf.parameter_table(tiny_config())
@@ -146,7 +148,13 @@ def test_a_step_that_raises_or_runs_over_is_recorded_failed_and_the_next_still_r
 
 
 def test_bad_flags_are_refused():
-    for flags, named in ((["--only", "matmul,nosuch"], "nosuch"), (["--attention", "flash"], "flash")):
+    for flags, named in (
+        (["--only", "matmul,nosuch"], "nosuch"),
+        (["--attention", "flash"], "flash"),
+        (["--variants", "baseline,fastest"], "fastest"),
+        (["--sampler-batches", "256,0"], "256,0"),
+        (["--remat-policy", "everything"], "everything"),
+    ):
         done = subprocess.run([sys.executable, SCRIPT, *flags], cwd=ROOT, env=ENV, capture_output=True, text=True)
         assert done.returncode == 2 and named in done.stderr
 
@@ -155,3 +163,73 @@ def test_the_attention_choices_are_the_models():
     from benchmarks import gpu as bench_gpu
 
     assert bench_gpu.ATTENTION_IMPLEMENTATIONS == attention.ATTENTION_IMPLEMENTATIONS
+
+
+def test_the_next_gpu_runs_steps_measure_what_they_name(tmp_path):
+    """The steps `--only` adds for a profile of the update, the first iteration and TRL (docs/gpu.md, "The next GPU
+    run"), in `--only`'s order with the matmul rate first: the update's variants each compiled and timed, the
+    first profiled; the first iteration compiled cold, then loaded from the persistent cache by a second process;
+    TRL's trainer timed where trl is installed (else recorded failed, naming the import); the sampler's
+    bandwidth fraction its bytes over its time over the copy bandwidth, and no transformers baseline above
+    `sampler_torch_max_batch`."""
+    from benchmarks import gpu as bench_gpu
+    from benchmarks import limits
+
+    out = tmp_path / "out"
+    variants = "baseline,save_projections,save_dots,no_remat,scanned"
+    flags = ["--smoke", "--only", "update_sweep,compile,trl,sampler,matmul", "--variants", variants]
+    done = subprocess.run(
+        [sys.executable, SCRIPT, *flags, "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True
+    )
+    report = json.loads((out / "bench_gpu.json").read_text())
+    steps = report["steps"]
+    assert list(steps) == ["matmul", "update_sweep", "compile", "trl", "sampler"], done.stdout[-3000:]
+
+    sweep, matmul = steps["update_sweep"], steps["matmul"]
+    assert sweep["status"] == "ok" and list(sweep["variants"]) == variants.split(","), sweep
+    for name, v in sweep["variants"].items():
+        assert math.isclose(v["mfu"], v["tflops"] / matmul["tflops"]), name
+        assert ("profile" in v) == (name == "baseline")
+        assert v["skipped_updates"] == 0 and math.isfinite(v["loss"])
+    flops = {name: v.get("xla_flops_per_step") for name, v in sweep["variants"].items()}
+    # the more remat keeps, the less it recomputes: XLA's own count of the program's FLOPs falls towards no remat's
+    assert flops["baseline"] > flops["save_projections"] > flops["save_dots"] > flops["no_remat"], flops
+    assert "hfu" not in sweep["variants"]["scanned"]  # a scan's body is counted once: no count given
+    base = sweep["variants"]["baseline"]
+    assert math.isclose(base["hfu"], base["xla_tflops"] / matmul["tflops"]) and base["hfu"] > base["mfu"]
+    profile = base["profile"]
+    assert math.isclose(sum(profile["share_by_class"].values()), 1.0) and profile["share_by_class"]["matmul"] > 0
+    assert profile["busy_seconds"] <= profile["window_seconds"] and profile["ops"] > 0
+
+    cases = steps["compile"]["cases"]
+    assert list(cases) == ["unrolled, cold", "unrolled, warm", "scanned, cold", "scanned, warm"], cases
+    for layers in ("unrolled", "scanned"):
+        cold, warm = cases[f"{layers}, cold"], cases[f"{layers}, warm"]
+        assert cold["scan_layers"] == warm["scan_layers"] == (layers == "scanned")
+        assert cold["cache_misses"] > 0 and warm["cache_misses"] == 0 and warm["cache_hits"] >= cold["cache_misses"]
+        assert warm["xla_compile_seconds"] < cold["xla_compile_seconds"]
+
+    trl = steps["trl"]
+    try:
+        import trl as _  # noqa: F401
+
+        assert trl["status"] == "ok", trl
+        (generate,) = trl["variants"].values()  # no static cache on the CPU smoke run
+        assert len(generate["iterations"]) == 2 and generate["peak_memory_bytes"] > 0
+    except ImportError:
+        assert trl["status"] == "failed" and "No module named 'trl'" in trl["error"], trl
+
+    sampler = steps["sampler"]
+    batches = sampler["batches"]
+    config = tiny_config(**bench_gpu.MODELS["tiny"], param_dtype="bfloat16", dtype="bfloat16")
+    p = bench_gpu.PROFILES["smoke"]
+    for batch, b in batches.items():
+        read = limits.decode_bytes(
+            limits.weight_bytes(config, "bfloat16"),
+            limits.kv_bytes_per_position(config, "bfloat16"),
+            [p["sampler_prompt"]] * int(batch),
+            p["sampler_new_tokens"],
+        )
+        seconds = int(batch) * p["sampler_new_tokens"] / b["jax_tokens_per_second"]
+        assert math.isclose(b["bandwidth_fraction"], read / seconds / sampler["copy_bandwidth_bytes_per_second"])
+        assert ("ratio" in b) == (int(batch) <= p["sampler_torch_max_batch"])
