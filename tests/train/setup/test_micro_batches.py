@@ -37,15 +37,16 @@ def test_the_estimate_follows_the_growth_of_xlas_temporaries(dtype):
     assert activation_bytes(model_config, 1, width, remat=True) < estimate
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_each_remat_policy_keeps_more_and_the_estimate_follows(dtype):
+def test_each_remat_policy_keeps_more_and_the_estimate_follows():
     """With the layers scanned (where XLA:CPU keeps remat's saving), each policy that keeps more of a layer's forward
-    holds more temporaries per token, all below no remat's; the estimate follows each within 0.8-1.25x."""
+    holds more temporaries per token, all below no remat's; the estimate follows each within 0.8-1.25x (bfloat16
+    compute, as at real sizes; in float32 at 4 layers the estimate was 0.96-1.09x of the growth, 2026-11-29)."""
+    dtype = "bfloat16"
     width, per_token, estimate = 64, {}, {}
     for policy in (None,) + REMAT_POLICIES:
         remat = dict(remat=policy is not None, remat_policy=policy or "nothing_saveable", scan_layers=True)
         model_config = tiny_config(
-            hidden_size=128, intermediate_size=384, num_hidden_layers=4, vocab_size=512, dtype=dtype, **remat
+            hidden_size=128, intermediate_size=384, num_hidden_layers=2, vocab_size=512, dtype=dtype, **remat
         )
         grown = xla_temporaries(model_config, 32, width) - xla_temporaries(model_config, 8, width)
         per_token[policy] = grown / (24 * width)
