@@ -103,9 +103,10 @@ from benchmarks.shapes import SHAPES  # noqa: E402
 MODELS = {name: SHAPES[name] for name in ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")}
 
 # The update sweep's variants (`update_sweep`), in the order they run: each is the `update` step's setting (remat
-# "nothing_saveable", `update_rows` x `update_length` tokens, layers unrolled, config.attention, XLA's default
-# compile options) with these changes. `compiler_options` are XLA debug options set on the update's program alone
-# (`jax.jit(compiler_options=...)`); `rows_factor` multiplies the rows of the step.
+# with `--remat-policy`, "nothing_saveable" by default; `update_rows` x `update_length` tokens; layers unrolled
+# unless `--scan-layers`; `--attention`; XLA's default compile options) with these changes. `compiler_options`
+# are XLA debug options set on the update's program alone (`jax.jit(compiler_options=...)`); `rows_factor`
+# multiplies the rows of the step.
 UPDATE_VARIANTS = {
     "baseline": {},
     "save_projections": {"remat_policy": "dots_with_no_batch_dims_saveable"},
@@ -128,9 +129,10 @@ PROFILES = {
         update_prompt=256,
         update_length=1024,
         update_steps=5,
-        # the five a first sweep most needs (save_dots keeps what save_projections does when attention is cuDNN's
-        # custom call; the compile options are second-order): about 45 s each on an H100 by the update's figures
-        update_variants=("baseline", "save_projections", "no_remat", "scanned", "double_rows"),
+        # the four a first sweep most needs (save_dots keeps what save_projections does when attention is cuDNN's
+        # custom call; twice the rows and the compile options come after): about 45 s each on an H100 by the
+        # update's figures (35 s compile, 5 steps of 0.3 s, the first profiled)
+        update_variants=("baseline", "save_projections", "no_remat", "scanned"),
         profile_steps=3,
         attention_model="qwen2.5-1.5b",
         attention_rows=8,
@@ -151,13 +153,17 @@ PROFILES = {
         grpo_new_tokens=512,
         grpo_minibatches=4,
         grpo_iterations=3,  # the first compiles
-        compile_layers=("unrolled", "scanned"),
+        # the first iteration per (layers, cache) in a fresh process; "warm" after its layers' "cold" (the scanned warm
+        # case is left out of the GPU run's budget: the unrolled pair says what the cache saves)
+        compile_cases=(("unrolled", "cold"), ("unrolled", "warm"), ("scanned", "cold")),
         trl_iterations=1,  # after the first
         trl_static_cache=True,
         # measured on an H100 (2026-11-26): matmul 4 s, update 65, attention 58-62 (three compiles), sampler 159,
         # sync 18, grpo 114: 420 s in all. update_sweep, compile and trl are not yet measured on a GPU: their
-        # budgets are estimates from those (a variant ~45 s, a cold first iteration ~75 s and a warm one ~15 s, a
-        # TRL round with eager generate ~40 s).
+        # budgets are estimates from those (a variant ~45 s; a process of the grpo step ~30 s of setup, then a cold
+        # first iteration ~75 s, a warm one ~15 s, a scanned cold one ~45 s; a TRL round with eager generate ~40
+        # s). matmul + update_sweep + compile fit one command (docs/gpu.md, "The next GPU run"); trl + sampler a
+        # second.
         budget_s=dict(
             matmul=60,
             update=150,
@@ -165,9 +171,9 @@ PROFILES = {
             sampler=220,
             sync=60,
             grpo=200,
-            update_sweep=250,
-            compile=180,
-            trl=150,
+            update_sweep=230,
+            compile=270,
+            trl=160,
         ),  # fmt: skip
         total_budget_s=540,  # under the device tool's 600 s a command
     ),
@@ -200,7 +206,7 @@ PROFILES = {
         grpo_new_tokens=4,
         grpo_minibatches=1,
         grpo_iterations=2,
-        compile_layers=("unrolled", "scanned"),
+        compile_cases=(("unrolled", "cold"), ("unrolled", "warm"), ("scanned", "cold"), ("scanned", "warm")),
         trl_iterations=1,
         trl_static_cache=False,  # torch.compile of generate on a CPU: minutes
         budget_s=dict(
@@ -328,10 +334,17 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
         attention=p["attention"],
         scan_layers=changes.get("scan_layers", p["scan_layers"]),
     )
+    from mathrl_jax.models.attention import auto_attention
+
     graphdef, params = nnx.split(QwenForCausalLM(config, rngs=nnx.Rngs(0)))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     tokens = rows * length
     attention = 12 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * length
+    device = jax.devices()[0]
+    implementation = p["attention"]
+    if implementation == "auto":
+        capability = getattr(device, "compute_capability", None)
+        implementation = auto_attention(jax.default_backend(), config.dtype, config.head_dim, capability)
     record(
         **device_info(),
         model=name,
@@ -341,6 +354,7 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
         tokens=tokens,
         numerics="float32 params, bfloat16 compute" + (f", remat ({policy})" if remat else ", no remat"),
         attention=p["attention"],
+        attention_implementation=implementation,
         scan_layers=config.scan_layers,
         compiler_options=changes.get("compiler_options", {}),
         flops_per_step=6 * n_params * tokens,
@@ -358,14 +372,28 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
         compiler_options=changes.get("compiler_options") or None,
     )
     start = time.perf_counter()
-    compiled = update.lower(state, batch).compile()
+    lowered = update.lower(state, batch)
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis() or {}
-    cost = cost[0] if isinstance(cost, list) else cost  # a list of one on older JAX
+    cost, lowered_cost = (
+        c[0] if isinstance(c, list) else (c or {}) for c in (compiled.cost_analysis(), lowered.cost_analysis())
+    )
+    # The FLOPs the card runs a step: XLA's count of the program before its optimisations (every matmul, remat's
+    # recomputed forward included; the compiled program's count can drop or merge them), plus cuDNN's attention,
+    # a custom call XLA counts as 0: fwd 4 + bwd 8 (+ 4 recomputed under remat) x L H d x width a token, the full
+    # square (an upper bound: the kernel may skip masked blocks). A scanned program's loop body counts once:
+    # no count is given there.
+    executed = None
+    if lowered_cost.get("flops") and not config.scan_layers:
+        per_token = (attention + (attention // 3 if remat else 0)) if implementation == "cudnn" else 0
+        executed = lowered_cost["flops"] + per_token * tokens
     record(
-        compile_seconds=time.perf_counter() - start,
+        compile_seconds=seconds,
         xla_temp_bytes=getattr(memory, "temp_size_in_bytes", None),
         xla_flops_per_step=cost.get("flops"),
+        lowered_flops_per_step=lowered_cost.get("flops"),
+        executed_flops_per_step=executed,
     )
     start = time.perf_counter()
     state, metrics = jax.block_until_ready(compiled(state, batch))
@@ -384,18 +412,21 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
         loss=float(metrics["loss"]),
         skipped_updates=int(state.skipped_updates),
     )
-    # Everything XLA counts it runs: remat's recomputed forward and attention included. A scanned program's loop
-    # body is counted once, not once per layer, so there the count is left out.
-    if cost.get("flops") and not config.scan_layers:
-        result["xla_tflops"] = cost["flops"] / step / 1e12
+    if executed:
+        result["executed_tflops"] = executed / step / 1e12
     record(**result)
     if profile_dir:
+        start = time.perf_counter()
         with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
             for _ in range(p["profile_steps"]):
                 state, metrics = jax.block_until_ready(compiled(state, batch))
+        traced = (time.perf_counter() - start) / p["profile_steps"]
         from benchmarks import trace_summary
 
-        record(profile=trace_summary.summarize(profile_dir))
+        profile = trace_summary.summarize(profile_dir, jax.default_backend())
+        # tracing may slow the steps (launches recorded one by one): their seconds beside the untraced median
+        profile.update(steps=p["profile_steps"], traced_seconds_per_step=traced)
+        record(profile=profile)
     return result
 
 
@@ -672,44 +703,43 @@ def step_grpo(p, record):
 
 
 def step_compile(p, record):
-    """The first GRPO iteration (`grpo` at `grpo_model`, one iteration), each case in a fresh process: with the
-    layers unrolled and scanned, each with JAX's persistent compilation cache cold (an empty directory) and then
-    warm (a second process on the directory the first filled). Per case: the first iteration's seconds and split,
+    """The first GRPO iteration (`grpo` at `grpo_model`, one iteration), each of `compile_cases` in a fresh process:
+    layers unrolled or scanned, JAX's persistent compilation cache cold (an empty directory) or warm (a later
+    process on the directory its layers' cold case filled). Per case: the first iteration's seconds and split,
     XLA's compiles (count and seconds, `jax.monitoring`) and the cache's hits and misses."""
     cases = {}
     root = tempfile.mkdtemp(prefix="bench_gpu_compile_")
     try:
-        for layers in p["compile_layers"]:
+        for layers, temperature in p["compile_cases"]:
             cache_dir = os.path.join(root, f"cache_{layers}")
-            for temperature in ("cold", "warm"):
-                case, out = f"{layers}, {temperature}", os.path.join(root, f"{layers}_{temperature}")
-                os.makedirs(out)
-                command = [sys.executable, SCRIPT, "--child", "grpo", "--profile", p["profile"], "--out", out]
-                command += ["--attention", p["attention"], "--grpo-iterations", "1", "--compile-cache", cache_dir]
-                command += ["--scan-layers"] * (layers == "scanned")
-                start = time.perf_counter()
-                done = subprocess.run(command, capture_output=True, text=True)
-                seconds = time.perf_counter() - start
-                print(done.stdout[-4000:] + done.stderr[-4000:], flush=True)
-                try:
-                    with open(os.path.join(out, STEP_FILE)) as f:
-                        child = json.load(f)
-                except (OSError, ValueError):
-                    child = {}
-                if done.returncode != 0 or "first_iteration_seconds" not in child:
-                    error = child.get("error") or f"exited with status {done.returncode}"
-                    cases[case] = {"error": error[:300], "process_seconds": seconds}
-                else:
-                    first = child["iterations"][0]
-                    cases[case] = dict(
-                        first_iteration_seconds=child["first_iteration_seconds"],
-                        process_seconds=seconds,
-                        **{k: first[k] for k in SPLIT + ("xla_compiles", "xla_compile_seconds")},
-                        scan_layers=child.get("scan_layers"),
-                        cache_hits=first["cache_hits"],
-                        cache_misses=first["cache_misses"],
-                    )
-                record(model=p["grpo_model"], cases=cases)
+            case, out = f"{layers}, {temperature}", os.path.join(root, f"{layers}_{temperature}")
+            os.makedirs(out)
+            command = [sys.executable, SCRIPT, "--child", "grpo", "--profile", p["profile"], "--out", out]
+            command += ["--attention", p["attention"], "--grpo-iterations", "1", "--compile-cache", cache_dir]
+            command += ["--scan-layers"] * (layers == "scanned")
+            start = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            print(done.stdout[-4000:] + done.stderr[-4000:], flush=True)
+            try:
+                with open(os.path.join(out, STEP_FILE)) as f:
+                    child = json.load(f)
+            except (OSError, ValueError):
+                child = {}
+            if done.returncode != 0 or "first_iteration_seconds" not in child:
+                error = child.get("error") or f"exited with status {done.returncode}"
+                cases[case] = {"error": error[:300], "process_seconds": seconds}
+            else:
+                first = child["iterations"][0]
+                cases[case] = dict(
+                    first_iteration_seconds=child["first_iteration_seconds"],
+                    process_seconds=seconds,
+                    **{k: first[k] for k in SPLIT + ("xla_compiles", "xla_compile_seconds")},
+                    scan_layers=child.get("scan_layers"),
+                    cache_hits=first["cache_hits"],
+                    cache_misses=first["cache_misses"],
+                )
+            record(model=p["grpo_model"], cases=cases)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -720,6 +750,7 @@ def step_trl(p, record):
     with bf16 autocast. Generation is transformers `generate` (no vLLM on the image), then, where
     `trl_static_cache` is set, `generate` with the static KV cache (which compiles its decoding step). Per
     variant: the first round (= iteration) and the median of the later ones, and the GPU's peak allocated bytes."""
+    import gc
     import types
 
     import torch
@@ -741,7 +772,7 @@ def step_trl(p, record):
     )
     record(
         model=p["grpo_model"],
-        device=device,
+        torch_device=device,
         trl=trl.__version__,
         transformers=transformers.__version__,
         torch=torch.__version__,
@@ -756,10 +787,17 @@ def step_trl(p, record):
         write_tiny_checkpoint(model_dir, seed=0, **MODELS[p["grpo_model"]])
         variants = {}
         for label, cache in (("generate", None), ("generate, static cache", "static"))[: 1 + p["trl_static_cache"]]:
-            if device == "cuda":
+            if device == "cuda":  # the last variant's trainer gone before the peak is counted anew
+                gc.collect()
+                torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             run = bench_trl(
-                model_dir, os.path.join(directory, label), settings, device=device, cache_implementation=cache
+                model_dir,
+                os.path.join(directory, label),
+                settings,
+                device=device,
+                cache_implementation=cache,
+                gradient_checkpointing=True,  # as the grpo step's remat
             )
             times = run["times"]
             variants[label] = dict(
@@ -954,8 +992,14 @@ def add_mfu(report: dict) -> None:
         if update.get("tflops"):
             update["mfu"] = update["tflops"] / matmul["tflops"]
             update["mfu_against"] = f"the matmul step's measured {matmul['tflops']:.1f} TFLOP/s"
-        if update.get("xla_tflops"):
-            update["hfu"] = update["xla_tflops"] / matmul["tflops"]
+        if update.get("executed_tflops"):
+            update["hfu"] = update["executed_tflops"] / matmul["tflops"]
+        profile = update.get("profile") or {}
+        matmul_seconds = profile.get("seconds_by_class", {}).get("matmul")
+        if matmul_seconds and update.get("lowered_flops_per_step"):
+            # the matmul kernels' own rate: the program's FLOPs (nearly all in matmuls) over their time a step
+            rate = update["lowered_flops_per_step"] / (matmul_seconds / profile["steps"]) / 1e12
+            profile["matmul_kernel_fraction"] = rate / matmul["tflops"]
 
 
 def human_bytes(nbytes: int) -> str:
@@ -998,12 +1042,15 @@ def summary(name: str, r: dict) -> str:
                 parts.append(f"{v}: failed ({x.get('error', 'not finished')})")
                 continue
             mfu = f", MFU {100 * x['mfu']:.1f}%" if "mfu" in x else ""
-            hfu = f", XLA-counted {100 * x['hfu']:.1f}%" if "hfu" in x else ""
-            parts.append(f"{v}: {x['median_seconds']:.3f} s{mfu}{hfu}, compile {x['compile_seconds']:.0f} s")
+            hfu = f", executed {100 * x['hfu']:.1f}%" if "hfu" in x else ""
+            error = f" (then: {x['error']})" if "error" in x else ""
+            parts.append(f"{v}: {x['median_seconds']:.3f} s{mfu}{hfu}, compile {x['compile_seconds']:.0f} s{error}")
         profile = next((x["profile"] for x in r["variants"].values() if "profile" in x), None)
         if profile:
             share = ", ".join(f"{k} {v:.0%}" for k, v in profile["share_by_class"].items())
-            parts.append(f"profile of the first: {share} of kernel time, idle {profile['idle_fraction']:.0%}")
+            kernels = profile.get("matmul_kernel_fraction")
+            kernels = f", matmul kernels at {kernels:.0%} of the matmul rate" if kernels else ""
+            parts.append(f"profile of the first: {share} of kernel time, idle {profile['idle_fraction']:.0%}{kernels}")
         return "; ".join(parts)
     if name == "compile" and r.get("cases"):
         parts = [
@@ -1089,7 +1136,9 @@ def parse_args(argv=None):
     if unknown:
         parser.error(f"--only={args.only}: {unknown} not among the steps {','.join(STEPS)}")
     # --only's order is the run's, so the steps that matter most run first; the matmul rate (the MFU's
-    # denominator) always first
+    # denominator) always first, and added where an update step needs it
+    if "matmul" not in steps and {"update", "update_sweep"} & set(steps):
+        steps.insert(0, "matmul")
     args.steps = sorted(steps, key=lambda s: s != "matmul")
     bad = [v for v in args.variants.split(",") if v and v not in UPDATE_VARIANTS]
     if bad:

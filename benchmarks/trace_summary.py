@@ -24,7 +24,7 @@ import os
 import re
 
 MATMUL = re.compile(r"gemm|xmma|cutlass|nvjet|cublas|\bdot\b|dot[._-]|_dot|ynn|matmul|wgmma|hmma", re.IGNORECASE)
-ATTENTION = re.compile(r"sdpa|fmha|flash|attention|cudnn", re.IGNORECASE)
+ATTENTION = re.compile(r"sdpa|fmha|flash|attention|attn", re.IGNORECASE)
 TOP = 15  # kernels listed by total time
 
 
@@ -45,9 +45,10 @@ def classify(name: str) -> str:
     return "other"
 
 
-def device_events(events: list) -> list:
-    """(start us, duration us, kernel name, HLO op) of each XLA op run on a device: GPU stream threads where there is
-    a GPU, else the CPU's XLA client threads."""
+def device_events(events: list, platform: str) -> list:
+    """(start us, duration us, kernel name, HLO op) of each XLA op run on a device: on platform "gpu", the kernels on
+    the GPU's stream threads (none there, as without CUPTI, is an error, not the host's events counted instead);
+    else the ops on the CPU's XLA client threads."""
     processes, threads = {}, {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
@@ -55,12 +56,14 @@ def device_events(events: list) -> list:
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             threads[e["pid"], e.get("tid")] = e["args"]["name"]
     gpus = {pid for pid, name in processes.items() if name.startswith("/device:GPU")}
+    if platform == "gpu" and not gpus:
+        raise ValueError(f"a GPU run's trace has no /device:GPU process (processes: {sorted(processes.values())})")
     chosen = []
     for e in events:
         if e.get("ph") != "X" or "hlo_op" not in e.get("args", {}) or e["name"].startswith("end: "):
             continue
         thread = threads.get((e["pid"], e.get("tid")), "")
-        if gpus:
+        if platform == "gpu":
             # the stream lines hold the kernels; derived lines ("XLA Ops", "XLA Modules") repeat them
             if e["pid"] not in gpus or not thread.startswith("Stream"):
                 continue
@@ -81,19 +84,22 @@ def busy_time(intervals: list) -> float:
     return total
 
 
-def summarize(log_dir: str) -> dict:
+def summarize(log_dir: str, platform: str) -> dict:
     """Seconds of device time by class, busy and idle seconds over the traced window, and the kernels that took
     the most time in all (instances of a kernel summed)."""
     with gzip.open(trace_file(log_dir)) as f:
         data = json.load(f)
-    events = device_events(data["traceEvents"] if isinstance(data, dict) else data)
+    events = device_events(data["traceEvents"] if isinstance(data, dict) else data, platform)
     if not events:
         raise ValueError(f"no device op events in the trace under {log_dir}")
-    by_class, by_kernel = {"matmul": 0.0, "attention": 0.0, "other": 0.0}, {}
+    by_class, by_kernel, kernel_class = {"matmul": 0.0, "attention": 0.0, "other": 0.0}, {}, {}
     for _, duration, kernel, op in events:
-        by_class[classify(f"{kernel} {op}")] += duration
+        kind = classify(f"{kernel} {op}")
+        by_class[kind] += duration
         kernel = re.sub(r"\.\d+$", "", kernel)  # a CPU thunk is named after its op ("ynn_fusion.176")
         by_kernel[kernel] = by_kernel.get(kernel, 0.0) + duration
+        kernel_class.setdefault(kernel, {}).setdefault(kind, 0.0)
+        kernel_class[kernel][kind] += duration
     window = max(s + d for s, d, _, _ in events) - min(s for s, _, _, _ in events)
     busy = busy_time([(s, d) for s, d, _, _ in events])
     kernel_time = sum(by_class.values())
@@ -105,5 +111,8 @@ def summarize(log_dir: str) -> dict:
         "idle_fraction": 1.0 - busy / window if window else 0.0,
         "seconds_by_class": {k: v / 1e6 for k, v in by_class.items()},
         "share_by_class": {k: v / kernel_time for k, v in by_class.items()} if kernel_time else {},
-        "top_kernels": [{"name": k[:200], "seconds": t / 1e6, "class": classify(k)} for k, t in top],
+        "top_kernels": [
+            {"name": k[:200], "seconds": t / 1e6, "class": max(kernel_class[k], key=kernel_class[k].get)}
+            for k, t in top
+        ],
     }

@@ -6,7 +6,8 @@ tool carries at most 64 MiB with the working tree. This fetches, for the image's
 - always, what the training loop (the `grpo` and `compile` steps) imports: ml-collections, tensorboardX,
   math-verify and its LaTeX parser with antlr4's runtime;
 - with `--trl`, TRL's `GRPOTrainer` for the `trl` step: trl, accelerate, datasets, and what they import that a
-  torch + transformers image may lack (pyarrow, pandas, dill, multiprocess, xxhash, fsspec, psutil). pyarrow is
+  torch + transformers image may lack (pyarrow, pandas and its dateutil, dill, multiprocess, xxhash, fsspec,
+  psutil). pyarrow is
   pinned to 21.0.0, the oldest TRL 1.16 takes (43 MB against 26.0's 55 MB), with datasets 4.7.0, the oldest TRL
   takes, which accepts it.
 
@@ -45,7 +46,14 @@ TRL = (
     "xxhash==4.1.0",
     "fsspec==2026.2.0",
     "psutil==7.2.2",
+    "python-dateutil==4.0.0",  # pandas imports it
+    "tzdata==2026.6",  # dateutil 4's
 )
+
+
+def wheel_key(distribution: str, version: str) -> tuple:
+    """(distribution, version) normalised as wheel file names spell them: `ml-collections` is `ml_collections`."""
+    return distribution.lower().replace("-", "_").replace(".", "_"), version
 
 
 def tree_bytes() -> int:
@@ -71,12 +79,18 @@ def main(argv=None) -> int:
     if done.returncode != 0:
         print(f"gpu_wheels.py: pip download failed (status {done.returncode})", file=sys.stderr)
         return 2
-    wanted = {pin.split("==")[0].lower().replace("-", "_") for pin in pins}
-    wheels = [
-        os.path.join(args.dest, n)
-        for n in os.listdir(args.dest)
-        if n.endswith(".whl") and n.split("-")[0].lower() in wanted
-    ]
+    # the pinned versions' wheels only: another version left in the folder is named, since `pip install
+    # .whl/*.whl` would meet both
+    wanted = {wheel_key(*pin.split("==")) for pin in pins}
+    found = [n for n in os.listdir(args.dest) if n.endswith(".whl")]
+    wheels = [os.path.join(args.dest, n) for n in found if wheel_key(*n.split("-")[:2]) in wanted]
+    stale = [n for n in found if wheel_key(*n.split("-")[:2]) not in wanted]
+    if stale:
+        print(f"gpu_wheels.py: {args.dest} holds wheels not pinned here: {', '.join(sorted(stale))}", file=sys.stderr)
+        return 2
+    if len(wheels) != len(pins):
+        print(f"gpu_wheels.py: {len(wheels)} wheels in {args.dest} for {len(pins)} pins", file=sys.stderr)
+        return 2
     wheel_bytes, tree = sum(os.path.getsize(w) for w in wheels), tree_bytes()
     total = wheel_bytes + tree
     print(

@@ -165,6 +165,11 @@ def test_the_attention_choices_are_the_models():
     assert bench_gpu.ATTENTION_IMPLEMENTATIONS == attention.ATTENTION_IMPLEMENTATIONS
 
 
+def base_params(sweep):
+    """6 x params x tokens of the sweep's baseline: the least a step's FLOPs can be."""
+    return sweep["variants"]["baseline"]["flops_per_step"] / 6
+
+
 def test_the_next_gpu_runs_steps_measure_what_they_name(tmp_path):
     """The steps `--only` adds for a profile of the update, the first iteration and TRL (docs/gpu.md, "The next GPU
     run"), in `--only`'s order with the matmul rate first: the update's variants each compiled and timed, the
@@ -177,7 +182,7 @@ def test_the_next_gpu_runs_steps_measure_what_they_name(tmp_path):
 
     out = tmp_path / "out"
     variants = "baseline,save_projections,save_dots,no_remat,scanned"
-    flags = ["--smoke", "--only", "update_sweep,compile,trl,sampler,matmul", "--variants", variants]
+    flags = ["--smoke", "--only", "update_sweep,compile,trl,sampler", "--variants", variants]  # matmul: added
     done = subprocess.run(
         [sys.executable, SCRIPT, *flags, "--out", str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True
     )
@@ -194,12 +199,19 @@ def test_the_next_gpu_runs_steps_measure_what_they_name(tmp_path):
     flops = {name: v.get("xla_flops_per_step") for name, v in sweep["variants"].items()}
     # the more remat keeps, the less it recomputes: XLA's own count of the program's FLOPs falls towards no remat's
     assert flops["baseline"] > flops["save_projections"] > flops["save_dots"] > flops["no_remat"], flops
-    assert "hfu" not in sweep["variants"]["scanned"]  # a scan's body is counted once: no count given
+    executed = {name: v.get("executed_flops_per_step") for name, v in sweep["variants"].items()}
+    assert executed["baseline"] > executed["save_projections"] > executed["no_remat"] >= 6 * base_params(sweep)
+    assert executed["scanned"] is None and "hfu" not in sweep["variants"]["scanned"]  # a scan's body counts once
     base = sweep["variants"]["baseline"]
-    assert math.isclose(base["hfu"], base["xla_tflops"] / matmul["tflops"]) and base["hfu"] > base["mfu"]
+    assert base["attention_implementation"] == "blocked"  # on a CPU: XLA counts its matmuls, nothing is added
+    assert base["executed_flops_per_step"] == base["lowered_flops_per_step"]
+    assert math.isclose(base["hfu"], base["executed_tflops"] / matmul["tflops"]) and base["hfu"] > base["mfu"]
     profile = base["profile"]
     assert math.isclose(sum(profile["share_by_class"].values()), 1.0) and profile["share_by_class"]["matmul"] > 0
     assert profile["busy_seconds"] <= profile["window_seconds"] and profile["ops"] > 0
+    matmul_seconds = profile["seconds_by_class"]["matmul"] / profile["steps"]
+    kernel_rate = base["lowered_flops_per_step"] / matmul_seconds / 1e12
+    assert math.isclose(profile["matmul_kernel_fraction"], kernel_rate / matmul["tflops"])
 
     cases = steps["compile"]["cases"]
     assert list(cases) == ["unrolled, cold", "unrolled, warm", "scanned, cold", "scanned, warm"], cases

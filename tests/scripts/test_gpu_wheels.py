@@ -52,3 +52,10 @@ def test_the_download_fits_the_carry(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len([n for n in os.listdir(tmp_path) if n.endswith(".whl")]) == len(gpu_wheels.LOOP + gpu_wheels.TRL)
     assert "of the carry's 64 MiB" in done.stdout
+    # another version left in the folder would meet the pinned one in `pip install .whl/*.whl`: named, refused
+    (tmp_path / "pyarrow-19.0.1-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    again = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_wheels.py"), "--dest", str(tmp_path), "--trl"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert again.returncode == 2 and "pyarrow-19.0.1" in again.stderr, again.stderr[-2000:]

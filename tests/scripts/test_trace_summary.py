@@ -2,6 +2,8 @@
 elementwise program's is not, host sleeps between calls show as idle time, and the busy time is the union of the
 ops' intervals."""
 
+import gzip
+import json
 import time
 
 import jax
@@ -19,7 +21,7 @@ def traced(tmp_path, fn, args, calls=3, pause=0.0):
         for _ in range(calls):
             jax.block_until_ready(fn(*args))
             time.sleep(pause)
-    return trace_summary.summarize(str(tmp_path))
+    return trace_summary.summarize(str(tmp_path), "cpu")
 
 
 def test_a_matmul_program_is_matmul_time_and_an_elementwise_one_is_not(tmp_path):
@@ -64,3 +66,54 @@ def test_busy_time_is_the_union_of_the_intervals():
 )
 def test_gpu_kernel_names_are_classed(name, expected):
     assert trace_summary.classify(name) == expected
+
+
+def gpu_trace(tmp_path, with_gpu=True):
+    """A trace laid out as XLA's GPU profiler writes it: the kernels on a `/device:GPU:0` process's stream thread,
+    repeated on its derived "XLA Ops" line, and host events that also name HLO ops (the launches)."""
+    meta = [
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "tid": 20, "name": "thread_name", "args": {"name": "tf_XLAPjRtGpuClient"}},
+    ]
+    kernels = [  # (start, duration, kernel, op)
+        (0, 40, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "custom-call.1"),
+        (40, 30, "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "custom-call.2"),
+        (70, 10, "loop_multiply_fusion", "loop_multiply_fusion.3"),
+        (100, 20, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "custom-call.4"),
+    ]
+    events = []
+    if with_gpu:
+        meta += [
+            {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0 NVIDIA H200"}},
+            {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Kernel)"}},
+            {"ph": "M", "pid": 1, "tid": 100, "name": "thread_name", "args": {"name": "XLA Ops"}},
+        ]
+        for start, duration, kernel, op in kernels:
+            for tid, name in ((7, kernel), (100, op)):
+                args = {"hlo_op": op, "hlo_module": "jit_update"}
+                events.append(
+                    {"ph": "X", "pid": 1, "tid": tid, "ts": start, "dur": duration, "name": name, "args": args}
+                )
+    for start, _, _, op in kernels:  # the host's launches, a microsecond each
+        events.append({"ph": "X", "pid": 2, "tid": 20, "ts": start, "dur": 1, "name": op, "args": {"hlo_op": op}})
+    folder = tmp_path / "plugins" / "profile" / "run"
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": meta + events}, f)
+    return str(tmp_path)
+
+
+def test_a_gpu_trace_counts_the_stream_kernels_once_and_not_the_host(tmp_path):
+    summary = trace_summary.summarize(gpu_trace(tmp_path), "gpu")
+    assert summary["ops"] == 4  # the stream's kernels; not their "XLA Ops" copies, not the host's launches
+    assert summary["seconds_by_class"] == pytest.approx({"matmul": 60e-6, "attention": 30e-6, "other": 10e-6})
+    assert summary["window_seconds"] == pytest.approx(120e-6) and summary["busy_seconds"] == pytest.approx(100e-6)
+    assert summary["idle_fraction"] == pytest.approx(20 / 120)
+    assert summary["top_kernels"][0] == {
+        "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "seconds": pytest.approx(60e-6), "class": "matmul"
+    }  # fmt: skip
+
+
+def test_a_gpu_trace_without_device_events_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no /device:GPU process"):
+        trace_summary.summarize(gpu_trace(tmp_path, with_gpu=False), "gpu")
