@@ -308,6 +308,16 @@ def grpo_batch(rows: int, prompt: int, length: int, vocab: int, seed: int = 0) -
     }
 
 
+def cost_analysis(stage) -> dict:
+    """XLA's cost analysis of a lowered or compiled program as a dict ({} where the backend gives none, or fails:
+    a count is an extra, never a reason to lose the step's timing)."""
+    try:
+        cost = stage.cost_analysis()
+    except Exception as error:  # recorded beside the numbers, not raised
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    return (cost[0] if isinstance(cost, list) else cost) or {}
+
+
 def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
     """The jitted GRPO update at `update_model` with `changes` (an `UPDATE_VARIANTS` entry) over the step's
     settings: compile (lowered and compiled once; XLA's memory and cost analyses kept), then `update_steps`
@@ -376,9 +386,7 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    cost, lowered_cost = (
-        c[0] if isinstance(c, list) else (c or {}) for c in (compiled.cost_analysis(), lowered.cost_analysis())
-    )
+    cost, lowered_cost = cost_analysis(compiled), cost_analysis(lowered)
     # The FLOPs the card runs a step: XLA's count of the program before its optimisations (every matmul, remat's
     # recomputed forward included; the compiled program's count can drop or merge them), plus cuDNN's attention,
     # a custom call XLA counts as 0: fwd 4 + bwd 8 (+ 4 recomputed under remat) x L H d x width a token, the full
@@ -394,6 +402,7 @@ def measure_update(p, changes: dict, record, profile_dir: str = "") -> dict:
         xla_flops_per_step=cost.get("flops"),
         lowered_flops_per_step=lowered_cost.get("flops"),
         executed_flops_per_step=executed,
+        **{f"{k}_cost_error": c["error"] for k, c in (("xla", cost), ("lowered", lowered_cost)) if "error" in c},
     )
     start = time.perf_counter()
     state, metrics = jax.block_until_ready(compiled(state, batch))
