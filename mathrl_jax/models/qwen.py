@@ -42,11 +42,7 @@ from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# What a remat'd decoder layer keeps of its forward for the backward pass, by `jax.checkpoint_policies` name:
-# "nothing_saveable" keeps the layer's input alone (gradient checkpointing as in Hugging Face and TRL; the whole
-# forward is recomputed); "dots_with_no_batch_dims_saveable" keeps the outputs of the weight matmuls (q/k/v/o,
-# gate/up/down: MaxText's "minimal" policy) and recomputes attention and the elementwise ops; "dots_saveable" keeps
-# every dot_general's output, attention scores included (a fused attention kernel is a custom call: recomputed).
+# What remat keeps of a layer for the backward, by jax.checkpoint_policies name (docs/real_shapes.md)
 REMAT_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 
 
@@ -294,9 +290,8 @@ class QwenModel(nnx.Module):
         # from the loop's trace level (flax TraceContextError).
         if cache is None and c.scan_layers and len(self.layers) > 1:
             return self.norm(self._scan_layers(x, positions, allowed, rope)), None
-        call = _remat_layer
-        if c.remat and cache is None:
-            call = nnx.remat(_remat_layer, policy=getattr(jax.checkpoint_policies, c.remat_policy))
+        policy = getattr(jax.checkpoint_policies, c.remat_policy)
+        call = nnx.remat(_remat_layer, policy=policy) if c.remat and cache is None else _remat_layer
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             x, layer_cache = call(layer, x, positions, allowed, layer_cache, cache_index, rope)
