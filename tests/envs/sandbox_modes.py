@@ -2,7 +2,8 @@
 
 - the strongest isolation here (namespaces + pids / memory cgroups + Landlock + seccomp);
 - no namespaces (what Docker usually leaves): Landlock + cgroups + seccomp;
-- no namespaces and no cgroups: Landlock + seccomp (threads refused: nothing caps them);
+- no namespaces and no cgroups: Landlock + seccomp (threads refused: nothing caps them), run as the caller
+  (no uid to drop to, as where the caller lacks `CAP_SETUID`): seccomp alone holds file metadata there;
 - the audit hook alone (no namespaces, Landlock, seccomp): not a sandbox, refused by `run_python` unless
   `allow_not_a_sandbox=True`, which the wrapper below passes for it (and only for it), so that the
   hook's own refusals keep being tested there.

@@ -285,7 +285,10 @@ def test_a_machine_that_cannot_build_the_private_root_runs_without_namespaces(tm
     fake = tmp_path / "unshare_without_pivot_root"
     fake.write_text(f'#!/bin/sh\ncase "$*" in *--probe-root*) exit 1;; esac\nexec {real} "$@"\n')
     fake.chmod(0o755)
-    assert isolation._unshare_works(str(fake))  # namespaces themselves work
+    for unprivileged_uid in (True, False):  # namespaces themselves work, with or without a user namespace
+        flags = isolation.unshare_flags(unprivileged_uid)
+        assert isolation._exits_zero([str(fake), *flags, "--", "/bin/sh", "-c", "exit 0"], timeout_s=10)
+        assert not isolation._namespaces_work(str(fake), unprivileged_uid)
     assert not isolation.detect_isolation(unshare=str(fake)).namespaces
     assert isolation.detect_isolation(unshare=real).namespaces
 

@@ -13,8 +13,8 @@ Layers, each used where the machine offers it (`detect_isolation`):
   at `wall_time_s`.
 - bounded capture (always): at most `max_output_bytes` of stdout and of stderr are
   kept; more ends the run ("output_limit").
-- namespaces (`unshare`): fresh user, pid, net, mount, ipc, uts and cgroup
-  namespaces. No network but a down loopback; `/proc` shows only the sandbox's
+- namespaces (`unshare`): fresh pid, net, mount, ipc, uts and cgroup namespaces (and a
+  user namespace whose root is the caller, where the caller is not root). No network but a down loopback; `/proc` shows only the sandbox's
   processes; everything dies with the namespace's first process; the file system is
   a private root (`pivot_root`) holding only the readable roots (bind mounts) and a
   tmpfs working directory of `disk_bytes`: no host path outside them exists in there,
@@ -30,7 +30,14 @@ Layers, each used where the machine offers it (`detect_isolation`):
   or connect (ABI >= 4); no signals or abstract sockets outside the sandbox (ABI >= 6).
   Where processes are refused, no `execve` of any file either: the kernel's stop for
   a process that native code starts without an audit event.
-- seccomp-bpf (libseccomp, `seccomp.py`): wherever processes are refused, no sockets, no
+- unprivileged uid (a root caller): the program runs as `privileges.SANDBOX_ID`, a uid and gid
+  that own nothing on the host, without capabilities and with `no_new_privs`: it can change
+  no host file's mode, owner, times, attributes or flags (Landlock governs none of those).
+  The namespaces of a root caller are then made without a user namespace.
+- read-only roots (namespaces): the private root's bind mounts are read-only and `nosuid`.
+- seccomp-bpf (libseccomp, `seccomp.py`): in every mode no metadata call (`chmod`, `chown`,
+  `setxattr`, `utime` families, the inode-flag ioctls), no new namespaces, no call newer than
+  libseccomp; wherever processes are refused, also no sockets, no
   `execve`, no new processes (threads only under a pids cgroup), nothing done to another
   process (signals, `prlimit`, priorities, scheduling, `pidfd_*`, `ptrace`), no leaving the
   process group; in every mode no host IPC, `io_uring`, keyrings, device nodes, file
@@ -61,10 +68,10 @@ allowed only where the kernel confines what they could do without the hook:
 namespaces + a process cap + Landlock. Otherwise `os.fork`, `subprocess`,
 `os.system`, `os.exec*`, `posix_spawn` are refused (`status="process_limit"`).
 
-We run as root here, and `RLIMIT_NPROC` never binds a process whose real uid
-is root (not even inside a user namespace mapped to root), so the process cap
-is the pids cgroup (or, for a non-root caller, `RLIMIT_NPROC` in the fresh user
-namespace).
+`RLIMIT_NPROC` never binds a process whose real uid is root (not even inside a user
+namespace mapped to root), and counts per uid (every run shares `SANDBOX_ID`), so the
+process cap is the pids cgroup (or, for a non-root caller, `RLIMIT_NPROC` in the fresh
+user namespace).
 
 GEM's python tool (axon-rl/gem `gem/tools/python_code_tool.py`) runs code with
 `subprocess.run(["python3", file], timeout=5)` in a shared directory with a
@@ -79,6 +86,7 @@ Modules. Host side (the caller's process):
 - `isolation`: `detect_isolation` (unshare, cgroup, Landlock probes) and checking a request against it.
 - `outcome`: the supervisor's status report and the host's kill reason, turned into a status.
 - `host`: `run_python`, which starts the entry script and collects its output under the limits.
+- `cleanup`: removing the run's directory (inode flags cleared) and saying what could not be removed.
 
 Child side (the sandbox's interpreter; standard library only, never `subprocess`):
 
@@ -89,11 +97,12 @@ Child side (the sandbox's interpreter; standard library only, never `subprocess`
 - `private_root`: the namespace's own root file system (bind mounts, tmpfs, `pivot_root`).
 - `landlock`: Landlock ABI detection (also used by the host) and its ruleset.
 - `seccomp`: the seccomp-bpf filter over libseccomp, and its detection (also used by the host).
+- `privileges`: the uid that owns nothing (`SANDBOX_ID`), dropping to it, `no_new_privs` (also used by the host).
 
 Imports go one way: the host side imports the child side's modules (for the entry
-script's path, `READ_ROOTS`, `landlock_abi`, `seccomp_available`), never the reverse; `child` loads
-`audit`, `extension_guard`, `landlock`, `private_root` and `seccomp` by path when it runs, so none of those
-imports a sibling.
+script's path, `READ_ROOTS`, `landlock_abi`, `seccomp_available`, `SANDBOX_ID`), never the reverse; `child`
+loads `audit`, `extension_guard`, `landlock`, `private_root`, `privileges` and `seccomp` by path when it runs, so
+none of those imports a sibling.
 """
 
 from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent

@@ -4,11 +4,12 @@ The host runs `python -I -B -u [-S] .../sandbox/child.py config.json` (under `un
 when namespaces are available). `_supervise` is that interpreter: the namespace's first
 process (pid 1), it mounts the working directory's tmpfs, forks `_worker`, waits for it
 and writes the outcome to the host's status pipe; its exit ends the namespace. `_worker`
-is the user program's process: Landlock, rlimits, the audit hook, then `exec(code)`.
+is the user program's process: a uid that owns nothing, Landlock, rlimits, seccomp, the audit
+hook, then `exec(code)`.
 
 Only the standard library is imported here: `subprocess` (and with it `_posixsubprocess`,
 which forks without an audit event) must never be loaded on this side. The child-side
-siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`, `seccomp.py`) are loaded by
+siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`, `privileges.py`, `seccomp.py`) are loaded by
 path: `python -I` puts no script directory on `sys.path`, and importing the package would
 load the host side too.
 """
@@ -21,7 +22,7 @@ import sys
 from typing import Any
 
 if __package__:  # imported from the package, which re-exports the exception classes below
-    from mathrl_jax.envs.sandbox import audit, extension_guard, landlock, private_root, seccomp
+    from mathrl_jax.envs.sandbox import audit, extension_guard, landlock, private_root, privileges, seccomp
 else:  # run by path as the sandbox's entry script (see the module docstring)
     import importlib.util
 
@@ -37,6 +38,7 @@ else:  # run by path as the sandbox's entry script (see the module docstring)
     extension_guard = _load_sibling("extension_guard")
     landlock = _load_sibling("landlock")
     private_root = _load_sibling("private_root")
+    privileges = _load_sibling("privileges")
     seccomp = _load_sibling("seccomp")
 
 
@@ -72,8 +74,9 @@ def _set_rlimits(config: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (config["file_size_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_NOFILE, (config["max_open_files"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if config["namespaces"]:
-        # Counted per (fresh) user namespace; binds only a non-root caller (see cgroup.py).
+    if config["namespaces"] and config["unprivileged_id"] is None:
+        # Counted per (fresh) user namespace; binds only a non-root caller (see cgroup.py). Not for
+        # `SANDBOX_ID`: every run shares that uid, and the count is per uid; the pids cgroup caps each run.
         resource.setrlimit(resource.RLIMIT_NPROC, (config["max_processes"],) * 2)
 
 
@@ -163,7 +166,8 @@ def _die_with_parent(supervisor: int) -> None:
 
 
 def _worker(config: dict[str, Any], report_fd: int, supervisor: int) -> None:
-    """The user program's process: limits, Landlock, seccomp, audit hook, then `exec(code)`. Never returns."""
+    """The user program's process: its own uid, limits, Landlock, seccomp, audit hook, then `exec(code)`.
+    Never returns."""
     import builtins
     import linecache
     import traceback  # noqa: F401 - imported before the limits, used by _format_exception
@@ -177,8 +181,12 @@ def _worker(config: dict[str, Any], report_fd: int, supervisor: int) -> None:
 
     workdir = config["workdir"]
     try:
+        if config["unprivileged_id"] is not None:
+            # First: a change of credentials clears the parent-death signal set below.
+            privileges.drop_privileges(config["unprivileged_id"], config["read_roots"])
         _die_with_parent(supervisor)
         os.chdir(workdir)
+        privileges.set_no_new_privs()  # also where neither Landlock nor seccomp runs (they set it too)
         if config["seccomp"]:
             seccomp.load_library()  # opened before Landlock and the rlimits narrow what may be read and mapped
         if config["landlock_abi"]:
@@ -337,7 +345,8 @@ def _probe_private_root(base: str, read_roots: list[str]) -> None:
     root as a run would, in BASE; exits 0 when it could, 1 otherwise."""
     try:
         private_root.enter_private_root(
-            {"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20},
+            {"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20,
+             "read_only_roots": True},
             audit.DEVICES,
             audit.DEVICE_LINKS,
         )

@@ -21,9 +21,10 @@ import tempfile
 import time
 
 from mathrl_jax.envs.sandbox import child
-from mathrl_jax.envs.sandbox.audit import READ_ROOTS
 from mathrl_jax.envs.sandbox.cgroup import MemoryCgroup, PidsCgroup, RunCgroup, memory_cgroup_parent, pids_cgroup_parent
-from mathrl_jax.envs.sandbox.isolation import UNSHARE_FLAGS, require_isolation
+from mathrl_jax.envs.sandbox.cleanup import remove_tree
+from mathrl_jax.envs.sandbox.isolation import readable_roots, require_isolation, unshare_flags
+from mathrl_jax.envs.sandbox.privileges import SANDBOX_ID
 from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
 from mathrl_jax.envs.sandbox.outcome import classify, parse_status
 from mathrl_jax.envs.sandbox.result import SandboxResult
@@ -43,16 +44,6 @@ def _clean_env(workdir: str) -> dict[str, str]:
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
-
-
-def _interpreter_roots() -> list[str]:
-    """This interpreter's prefixes (and their real paths): the sandbox may read its standard library and packages."""
-    roots = []
-    for path in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-        for candidate in (path, os.path.realpath(path)):
-            if candidate and candidate not in roots:
-                roots.append(candidate)
-    return roots
 
 
 def run_python(
@@ -110,6 +101,10 @@ def run_python(
                 iso = dataclasses.replace(iso, memory_cgroup=False)
         workdir = os.path.join(base, "work")
         os.mkdir(workdir, 0o700)
+        unprivileged_id = SANDBOX_ID if iso.unprivileged_uid else None
+        if unprivileged_id is not None and not iso.namespaces:  # the program's own directory, on the host
+            os.chown(workdir, unprivileged_id, unprivileged_id)
+            os.chmod(base, 0o711)  # searchable, not listable: the config (0600) stays the supervisor's
         config_path = os.path.join(base, "config.json")
         python = [
             sys.executable,
@@ -120,7 +115,9 @@ def run_python(
             os.path.abspath(child.__file__),  # the entry script
             config_path,
         ]
-        command = [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, "--", *python] if iso.namespaces else python
+        command = python
+        if iso.namespaces:
+            command = [shutil.which("unshare") or "unshare", *unshare_flags(iso.unprivileged_uid), "--", *python]
         run_cgroups = [c for c in (cgroup, memory) if c is not None and (c is cgroup or c.owned)]
         if run_cgroups:  # the shell joins the run's cgroups, then becomes the sandbox: all its processes are in them
             joins = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(run_cgroups)))
@@ -136,7 +133,9 @@ def run_python(
             "seccomp": iso.seccomp,
             "processes_allowed": iso.processes_allowed,
             "threads_allowed": iso.pids_cgroup,
-            "read_roots": [r for r in (*_interpreter_roots(), *READ_ROOTS) if os.path.exists(r)],
+            "unprivileged_id": unprivileged_id,
+            "read_only_roots": iso.read_only_roots,
+            "read_roots": readable_roots(),
             "cpu_time_s": limits.cpu_time_s,
             "memory_bytes": limits.memory_bytes,
             "file_size_bytes": limits.file_size_bytes,
@@ -144,14 +143,18 @@ def run_python(
             "max_processes": limits.max_processes,
             "max_open_files": limits.max_open_files,
         }
-        with open(config_path, "w") as f:
+        with open(os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(config, f)
-        return _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup, memory)
+        result = _communicate(command, workdir, status_r, status_w, stdin, limits, iso, cgroup, memory)
     finally:
         for run_cgroup in (cgroup, memory):
             if run_cgroup is not None:
                 run_cgroup.kill_all_and_remove()
-        shutil.rmtree(base, ignore_errors=True)
+        left = remove_tree(base)
+    if left:  # never "ok" over data left on the host: say what stayed, and where
+        detail = f"the sandbox's directory {base} could not be removed: {left}"
+        return dataclasses.replace(result, status="sandbox_error", stderr=result.stderr + f"\n{detail}\n")
+    return result
 
 
 def _descendants(pid: int) -> list[int]:

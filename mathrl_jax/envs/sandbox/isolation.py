@@ -1,7 +1,8 @@
 """Which isolation layers this machine offers (`detect_isolation`), and checking a run's request against them.
 
-A layer is used only where it works here: `unshare` with user namespaces, a writable
-pids cgroup, a writable memory cgroup, a kernel with Landlock. `run_python(isolation="auto")` takes them all.
+A layer is used only where it works here: `unshare` (with or without a user namespace), a writable
+pids cgroup, a writable memory cgroup, a kernel with Landlock, libseccomp, a root caller that can give the
+program a uid owning nothing. `run_python(isolation="auto")` takes them all.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import subprocess
 import sys
 import tempfile
 
+from mathrl_jax.envs.sandbox import privileges
+from mathrl_jax.envs.sandbox.audit import READ_ROOTS
 from mathrl_jax.envs.sandbox.cgroup import memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.landlock import landlock_abi
 from mathrl_jax.envs.sandbox.limits import Isolation
 from mathrl_jax.envs.sandbox.seccomp import seccomp_available
 
-UNSHARE_FLAGS = (
-    "--user",
-    "--map-root-user",
+NAMESPACE_FLAGS = (
     "--net",
     "--pid",
     "--fork",
@@ -33,15 +34,30 @@ UNSHARE_FLAGS = (
     "--uts",
     "--cgroup",
 )
-"""`unshare` options of a namespaced run: fresh user (mapped to root), net, pid (with its own /proc), mount,
-ipc, uts and cgroup namespaces; `--kill-child` ends the namespace's processes when `unshare` dies."""
+"""`unshare` options of a namespaced run: fresh net, pid (with its own /proc), mount, ipc, uts and cgroup
+namespaces; `--kill-child` ends the namespace's processes when `unshare` dies."""
+
+USER_NAMESPACE_FLAGS = ("--user", "--map-root-user")
+"""Added where the caller cannot make namespaces by itself (not root, or no `CAP_SYS_ADMIN`): a fresh user
+namespace whose root is the caller. Its root owns the caller's files, so the program cannot take a uid that
+owns nothing (only one uid is mapped without `newuidmap`): read-only mounts and seccomp hold metadata there."""
+
+
+def unshare_flags(unprivileged_uid: bool) -> tuple[str, ...]:
+    """The `unshare` options of a namespaced run: without a user namespace where the program takes a uid that owns
+    nothing (`unprivileged_uid`: the caller is root, and must hold `CAP_SYS_ADMIN`), else with one whose root is
+    the caller (never the host's root without a user namespace around it)."""
+    return NAMESPACE_FLAGS if unprivileged_uid else USER_NAMESPACE_FLAGS + NAMESPACE_FLAGS
 
 
 @functools.cache
-def _unshare_works(unshare: str) -> bool:
-    """Whether the `unshare` binary can create the sandbox's namespaces here (containers often forbid it)."""
+def _namespaces_work(unshare: str, unprivileged_uid: bool) -> bool:
+    """Whether the `unshare` binary makes the sandbox's namespaces here (containers often forbid it) and a run can
+    build its private root in them."""
     path = shutil.which(unshare)
-    return path is not None and _exits_zero([path, *UNSHARE_FLAGS, "--", "/bin/sh", "-c", "exit 0"], timeout_s=10)
+    if path is None or not _exits_zero([path, *unshare_flags(unprivileged_uid), "--", "/bin/sh", "-c", "exit 0"], 10):
+        return False
+    return _private_root_works(path, unprivileged_uid)
 
 
 def _exits_zero(command: list[str], timeout_s: float) -> bool:
@@ -61,33 +77,55 @@ def _exits_zero(command: list[str], timeout_s: float) -> bool:
     return probe.returncode == 0
 
 
-@functools.cache
-def _private_root_works(unshare: str) -> bool:
+def _private_root_works(unshare: str, unprivileged_uid: bool) -> bool:
     """Whether a namespaced run can build its own root file system here (bind mounts and `pivot_root`,
     `private_root.enter_private_root`). A namespaced run fails closed without it (host sockets would be reachable), so
     a machine where `unshare` works but this does not is given the modes without namespaces instead."""
-    from mathrl_jax.envs.sandbox import audit, child
+    from mathrl_jax.envs.sandbox import child
 
     base = os.path.realpath(tempfile.mkdtemp(prefix="mathrl_sandbox_probe_"))
     try:
         os.mkdir(os.path.join(base, "work"), 0o700)
-        roots = [r for r in (sys.prefix, sys.base_prefix, *audit.READ_ROOTS) if os.path.exists(r)]
-        command = [shutil.which(unshare), *UNSHARE_FLAGS, "--", sys.executable, "-I", "-B", "-S", child.__file__]
-        return _exits_zero(command + ["--probe-root", base, json.dumps(roots)], timeout_s=30)
+        flags = unshare_flags(unprivileged_uid)
+        command = [unshare, *flags, "--", sys.executable, "-I", "-B", "-S", child.__file__]
+        return _exits_zero(command + ["--probe-root", base, json.dumps(readable_roots())], timeout_s=30)
     except OSError:  # the probe's directory could not be made
         return False
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def readable_roots() -> list[str]:
+    """What a run may read: this interpreter's prefixes (and their real paths) and the system's `READ_ROOTS`."""
+    roots = []
+    for path in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
+        for candidate in (path, os.path.realpath(path)):
+            if candidate and candidate not in roots:
+                roots.append(candidate)
+    return [r for r in (*roots, *READ_ROOTS) if os.path.exists(r)]
+
+
+def unprivileged_uid_possible(namespaces: bool, unshare: str = "unshare") -> bool:
+    """Whether a run (with or without `namespaces`) can give the program a uid that owns nothing on the host:
+    a root caller able to drop to it and still read the readable roots (`privileges.can_drop_privileges`),
+    and, with namespaces, able to make them without a user namespace."""
+    if not sys.platform.startswith("linux") or not privileges.can_drop_privileges(readable_roots()):
+        return False
+    return not namespaces or _namespaces_work(unshare, unprivileged_uid=True)
+
+
 def detect_isolation(unshare: str = "unshare") -> Isolation:
     """The strongest isolation this machine offers (`unshare` is the binary to probe)."""
+    linux = sys.platform.startswith("linux")
+    uid_in_namespaces = linux and unprivileged_uid_possible(namespaces=True, unshare=unshare)
+    namespaces = uid_in_namespaces or (linux and _namespaces_work(unshare, unprivileged_uid=False))
     return Isolation(
-        namespaces=sys.platform.startswith("linux") and _unshare_works(unshare) and _private_root_works(unshare),
+        namespaces=namespaces,
         pids_cgroup=pids_cgroup_parent() is not None,
         landlock_abi=landlock_abi(),
         memory_cgroup=memory_cgroup_parent() is not None,
-        seccomp=sys.platform.startswith("linux") and seccomp_available(),
+        seccomp=linux and seccomp_available(),
+        unprivileged_uid=uid_in_namespaces if namespaces else unprivileged_uid_possible(namespaces=False),
     )
 
 
@@ -125,18 +163,24 @@ def resolve_isolation(isolation: str | Isolation) -> Isolation:
             raise RuntimeError("isolation='namespace' requested but `unshare` with user namespaces does not work here")
         return available
     elif isolation == "audit":
-        requested = dataclasses.replace(available, namespaces=False)
+        requested = dataclasses.replace(
+            available, namespaces=False, unprivileged_uid=unprivileged_uid_possible(namespaces=False)
+        )
     else:
         raise ValueError(f"isolation must be 'auto', 'namespace', 'audit' or an Isolation, got {isolation!r}")
     missing = []
     if requested.namespaces and not available.namespaces:
         missing.append("namespaces")
+    elif requested.namespaces and not requested.unprivileged_uid and not _namespaces_work("unshare", False):
+        missing.append("namespaces with a user namespace (unshare --user)")
     if requested.pids_cgroup and not available.pids_cgroup:
         missing.append("pids_cgroup")
     if requested.memory_cgroup and not available.memory_cgroup:
         missing.append("memory_cgroup")
     if requested.seccomp and not available.seccomp:
         missing.append("seccomp (libseccomp.so.2)")
+    if requested.unprivileged_uid and not unprivileged_uid_possible(requested.namespaces):
+        missing.append("unprivileged_uid (a root caller with CAP_SETUID, and CAP_SYS_ADMIN for namespaces)")
     if requested.landlock_abi > available.landlock_abi:
         missing.append(f"landlock_abi={requested.landlock_abi} (kernel has {available.landlock_abi})")
     if missing:

