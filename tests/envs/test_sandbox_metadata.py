@@ -21,6 +21,7 @@ import os
 import shutil
 import stat
 import struct
+import subprocess
 import sys
 import uuid
 
@@ -363,3 +364,51 @@ def test_the_python_tool_holds_the_metadata_attacks(victims):
     assert "hook-off" in observation and "GAINED" not in observation, observation
     assert "chmod_setuid refused" in observation and "file_capability refused" in observation
     assert {path: _snapshot(path, xattrs=not path.startswith("/sys")) for path in watched} == before
+
+
+REMOUNT = """
+import ctypes, os, sys
+sys.path.insert(0, {sandbox_dir!r})
+import private_root
+
+source, target = {source!r}, {target!r}
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.mount(b"tmpfs", (source + "/sub").encode(), b"tmpfs", 0, None) == 0  # a submount, bound with it
+open(source + "/sub/existing", "w").close()
+os.makedirs(target)
+private_root._bind(source, target)
+private_root.remount_read_only(target, nodev=True)
+for what, action in (
+    ("write", lambda: open(target + "/new", "w")),
+    ("chmod", lambda: os.chmod(target + "/existing", 0o4777)),
+    ("submount-write", lambda: open(target + "/sub/new", "w")),
+    ("submount-chmod", lambda: os.chmod(target + "/sub/existing", 0o4777)),
+):
+    try:
+        action()
+        print(what, "GAINED")
+    except OSError as error:
+        print(what, error.errno)
+"""
+
+
+@pytest.mark.parametrize("user_namespace", [False, True], ids=["root", "user-namespace"])
+def test_the_remount_fallback_makes_every_bind_read_only(tmp_path, user_namespace):
+    """Kernels before 5.12 have no `mount_setattr`: each mount below the bind is remounted read-only, repeating
+    the flags the kernel locked on it (in a user namespace it refuses to clear them). EROFS for writes and mode
+    changes through the bind and through a submount bound with it."""
+    from mathrl_jax.envs.sandbox import isolation
+
+    if not AVAILABLE.namespaces or (not user_namespace and not AVAILABLE.unprivileged_uid):
+        pytest.skip(f"no such namespaces here ({AVAILABLE.name})")
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    (source / "existing").write_text("host data")
+    flags = isolation.unshare_flags(unprivileged_uid=not user_namespace)
+    script = REMOUNT.format(
+        sandbox_dir=os.path.dirname(cleanup.__file__), source=str(source), target=str(tmp_path / "target")
+    )
+    run = subprocess.run(["unshare", *flags, "--", sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:4] == ["write 30", "chmod 30", "submount-write 30", "submount-chmod 30"], run.stdout
+    assert stat.S_IMODE((source / "existing").stat().st_mode) == 0o644

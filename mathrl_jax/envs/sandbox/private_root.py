@@ -6,6 +6,7 @@ Standard library only, and no imports of its siblings: `child.py` loads this fil
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 _MS_RDONLY = 1
@@ -49,7 +50,7 @@ def _mount_points_under(path: str) -> list[tuple[str, int]]:
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # mountinfo writes a space as \040
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # octal escapes
             if point == path or point.startswith(path.rstrip("/") + "/"):
                 flags = sum(_MOUNTINFO_FLAGS.get(option, 0) for option in fields[5].split(","))
                 found.append((point, flags))
@@ -72,8 +73,13 @@ def _make_read_only(path: str, nodev: bool) -> None:
     attr = MountAttr(wanted, 0, 0, 0)
     flags = ctypes.c_uint(_AT_RECURSIVE)
     size = ctypes.c_size_t(ctypes.sizeof(attr))
-    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), flags, ctypes.byref(attr), size) == 0:
-        return
+    if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), flags, ctypes.byref(attr), size) != 0:
+        remount_read_only(path, nodev)
+
+
+def remount_read_only(path: str, nodev: bool) -> None:
+    """`_make_read_only` on a kernel without `mount_setattr` (< 5.12): a remount of each mount at or below `path`,
+    repeating the flags the kernel may have locked on it (in a user namespace it refuses to clear them)."""
     for point, kept in _mount_points_under(path):
         remount = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | (_MS_NODEV if nodev else 0) | kept
         _libc_call("mount", None, point.encode(), None, remount, None)
