@@ -9,6 +9,17 @@ the process's whole group (the function's own children too) is killed with SIGKI
 fresh process (the module loaded again). The process dies with the parent (`PR_SET_PDEATHSIG`), and ends when
 the parent closes the socket.
 
+No process the function starts outlives the function's process: that process is a child subreaper
+(`PR_SET_CHILD_SUBREAPER`), so a daemon the function starts (`subprocess.Popen(..., start_new_session=True)`, a
+double fork, `setsid`) stays its descendant when its own parent exits, in whatever session or process group it
+moved to. Every kill takes the process's descendants first (`kill_descendants`, over `/proc`), then its group, then
+the process; at `close` the process, once its own exit handlers have run, kills what is left and reports how many
+(`close` returns the count). A daemon that held the training program's stdout (`train.py | cat`) no longer keeps
+the pipe open after the program exits. (What escapes: a process that left the function's process group, when
+the function's process then ends without its exit handlers (`os._exit`, a crash, the parent's death); its
+orphans are no longer in its tree. An orphan that ends stays a zombie of the function's process until that
+process ends.)
+
 What this costs the function: it runs in another interpreter, so it shares no state with the program that
 trains (what it keeps in its own module persists from call to call until a kill); its arguments and its result
 cross the socket pickled (a result that cannot be pickled, e.g. a generator, is reported as such). What it
@@ -18,6 +29,7 @@ bounded too, which no thread of the training process could do.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -35,6 +47,56 @@ _BOOTSTRAP = (
     "from mathrl_jax.rewards.function_process import serve; serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[4])"
 )
 """The process's program: the parent's `sys.path` first (its modules found as there), then `serve`."""
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s living descendants, parents before children, from `/proc/<pid>/task/<tid>/children` (Linux; [] where
+    there is no /proc). A zombie (ended, not reaped) is left out: it holds no file and runs nothing."""
+    found, pending = [], [pid]
+    while pending and len(found) < 100_000:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                try:
+                    with open(f"/proc/{child}/stat") as f:
+                        if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                            continue
+                except (OSError, IndexError):
+                    continue
+                found.append(child)
+                pending.append(child)
+    return found
+
+
+def kill_descendants(pid: int, rounds: int = 50) -> int:
+    """SIGKILLs `pid`'s descendants (`descendants`), children before parents, and again while any lives (one forked
+    meanwhile, one `pid` adopted as a subreaper); returns how many it killed. `pid` itself is left alive: while it
+    lives, what its descendants leave (orphans, when it is a subreaper) stays in its tree, found here."""
+    killed = set()
+    for _ in range(rounds):
+        living = descendants(pid)
+        if not living:
+            break
+        for child in reversed(living):
+            try:
+                os.kill(child, signal.SIGKILL)
+                killed.add(child)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)  # a killed process is listed until it is a zombie
+    return len(killed)
 
 
 class FunctionProcessError(RewardFunctionError):
@@ -72,6 +134,7 @@ class FunctionProcess:
         self._process = None
         self._sock = None
         self._ready = False
+        self._killed = 0  # the function's own processes (not the process itself) the last `kill` killed
         self.start()
 
     def start(self) -> None:
@@ -157,29 +220,43 @@ class FunctionProcess:
             ) from None
 
     def kill(self):
-        """Kills the process and its group (SIGKILL) and reaps it; returns its exit code (None if none ran)."""
+        """Kills the process's descendants (wherever they moved: `kill_descendants`), its group and the process
+        (SIGKILL), and reaps it; returns its exit code (None if none ran)."""
         process, self._process, self._ready = self._process, None, False
+        self._killed = 0
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         if process is None:
             return None
+        # First, while the process lives: it adopts every orphan of the function's (a subreaper), so none is missed.
+        self._killed = kill_descendants(process.pid)
         try:  # before reaping: an unreaped leader keeps its pid, so the group id cannot be reused meanwhile
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         return process.wait()
 
-    def close(self, grace_s: float = 2.0) -> None:
-        """Ends the process: the socket closed (it exits on EOF, running its exit handlers), then the group
-        killed after `grace_s` (a call still running, children the function left)."""
+    def close(self, grace_s: float = 2.0) -> int:
+        """Ends the process: EOF on the socket (it exits, running its exit handlers, and then kills the processes
+        the function left running, `_end_leftovers`), then its descendants and group killed after `grace_s` (a
+        call still running, a process that did not exit). Returns how many processes the function had left
+        running (the process itself not counted)."""
         process = self._process
         if process is None:
-            return
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+            return 0
         end = time.monotonic() + grace_s
+        left = 0
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_WR)
+                while True:  # a reply to a call still running may come first
+                    message = recv_message(self._sock, end)
+                    if isinstance(message, tuple) and len(message) == 2 and message[0] == "leftovers":
+                        left = int(message[1])
+                        break
+            except Exception:  # noqa: BLE001  past the grace, EOF (a process that ended otherwise): killed below
+                pass
         while time.monotonic() < end:
             try:
                 if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
@@ -188,6 +265,7 @@ class FunctionProcess:
                 break
             time.sleep(0.02)
         self.kill()
+        return left + self._killed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,14 +274,30 @@ class FunctionProcess:
 
 
 def _die_with_parent(parent_pid: int) -> None:
+    """Dies with the parent (`PR_SET_PDEATHSIG`) and adopts the function's orphans (`PR_SET_CHILD_SUBREAPER`)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
     except (OSError, AttributeError):
         pass  # not Linux: the socket's EOF still ends an idle process
     if os.getppid() != parent_pid:  # the parent died before the line above
         os._exit(0)
+
+
+def _end_leftovers(sock: socket.socket, pid: int) -> None:
+    """At the process's exit, after the function's module's own exit handlers (registered later, run earlier):
+    kills the processes the function left running and tells the parent how many (`FunctionProcess.close`). Not in
+    a process the function forked (`pid` is the function's process), which inherits the exit handlers."""
+    if os.getpid() != pid:
+        return
+    count = kill_descendants(pid)
+    try:
+        send_message(sock, ("leftovers", count))
+    except OSError:
+        pass
 
 
 def serve(fd: int, parent_pid: int, spec: str) -> None:
@@ -211,6 +305,7 @@ def serve(fd: int, parent_pid: int, spec: str) -> None:
     on the socket `fd` until EOF."""
     _die_with_parent(parent_pid)
     sock = socket.socket(fileno=fd)
+    atexit.register(_end_leftovers, sock, os.getpid())  # before the module's own exit handlers: runs after them
 
     try:
         function = load_reward_function(spec)

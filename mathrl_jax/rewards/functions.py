@@ -36,13 +36,16 @@ function. How a call is bounded depends on how the function was given:
   kills that process and its children (the next call starts a fresh one). This bounds any hang, one in C code
   holding the interpreter lock included (a regular expression that backtracks without end). The price: the
   function shares no state with the training process, and its arguments and result cross a socket pickled.
+  No process the function starts outlives it: `close()` (and the program's exit) kills those still running,
+  daemons in sessions of their own included, and says how many on stderr ("killed 2 processes left by reward
+  functions"); a daemon holding the program's stdout no longer keeps `train.py | cat` waiting.
 - given in Python (`RewardFunctions([fn, ...])`, `loop.train(reward_functions=...)`): a closure may hold
   anything, so it is called in this process, in a daemon thread that the caller waits for with a deadline. A
   thread cannot be stopped: past the limit the call is abandoned and keeps running in the background (the run
   stops; in Python a later call of that function is refused while it still runs), and a hang in C code that
   holds the interpreter lock stalls the whole process, the deadline included. Name the function in
   `reward.functions` to have it killed instead. (In a thread, signal-based timeouts, such as math-verify's
-  default, do not work.)
+  default, do not work.) The processes such a function starts are the calling program's own, left to it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import dataclasses
 import math
 import numbers
 import reprlib
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -281,15 +285,29 @@ class _InProcess:
                 message = str(error)
             raise RewardFunctionError(message) from None
 
-    def close(self) -> None:
-        self.process.close()
+    def close(self) -> int:
+        return self.process.close()
 
 
 def _close_all(callers) -> None:
+    left = {}
     for caller in callers:
         try:
-            caller.close()
+            count = caller.close()
         except Exception:  # noqa: BLE001  closing at exit: the processes die with this one anyway
+            continue
+        if count:
+            left[caller.label] = left.get(caller.label, 0) + int(count)
+    if left:
+        total = sum(left.values())
+        each = ", ".join(f"{label}: {count}" for label, count in left.items())
+        try:
+            print(
+                f"killed {total} process{'es' if total != 1 else ''} left by reward functions ({each})",
+                file=sys.stderr,
+                flush=True,
+            )
+        except (OSError, ValueError):  # a closed stderr at the interpreter's exit
             pass
 
 

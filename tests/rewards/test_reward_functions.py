@@ -375,3 +375,58 @@ def test_chat_message_problems_reach_functions_in_trls_conversational_shape(wher
     np.testing.assert_array_equal(scores, [11.0, 11.0, 10.0])
     prompts, completions = conversational(["text"], ["2"], [Problem(uid="t", question="q", answer="2")])
     assert (prompts, completions) == (["text"], ["2"])
+
+
+DAEMONS = """
+import os, subprocess
+
+
+def starts_daemons(prompts, completions, **columns):
+    mark = os.environ["MATHRL_TEST_DAEMON_MARK"]
+    subprocess.Popen(["sleep", mark])  # in the function's process group
+    subprocess.Popen(["sleep", mark], start_new_session=True)  # a session of its own
+    pid = os.fork()
+    if pid == 0:  # a daemon's double fork: a grandchild in a new session, its parent gone
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", mark])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return [0.0] * len(completions)
+"""
+
+
+def sleeps(mark: str) -> list:
+    """The living `sleep <mark>` processes of this machine."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", mark.encode()] and alive(int(name)):
+                    found.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_no_process_a_function_starts_outlives_its_process(tmp_path, monkeypatch, capfd):
+    """Issue 60, point 6: a daemon a function started (its own session, a double fork) outlived the run and held
+    its stdout (`train.py | cat` waited for it). Its process adopts the function's orphans, and closing it kills
+    every process the function left, in any session, naming how many."""
+    mark = f"{60 + os.getpid() % 1000 / 1000:.3f}"  # this test's sleeps, told apart from any other
+    monkeypatch.setenv("MATHRL_TEST_DAEMON_MARK", mark)
+    module = tmp_path / "daemons.py"
+    module.write_text(DAEMONS)
+    try:
+        functions = RewardFunctions.from_config(f"{module}:starts_daemons", "")
+        assert functions(["p"] * 3, ["a", "b", "c"], PROBLEMS)[0].tolist() == [0.0, 0.0, 0.0]
+        deadline = time.monotonic() + 10
+        while len(sleeps(mark)) < 3 and time.monotonic() < deadline:  # the grandchild's exec may come later
+            time.sleep(0.05)
+        assert len(sleeps(mark)) == 3
+        functions.close()
+        assert sleeps(mark) == []
+        assert f"killed 3 processes left by reward functions ({module}:starts_daemons: 3)" in capfd.readouterr().err
+    finally:
+        for pid in sleeps(mark):
+            os.kill(pid, 9)

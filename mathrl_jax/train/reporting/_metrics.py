@@ -23,7 +23,10 @@ logged too, under its names.
 
 `log_completions(step, rows)` appends a completion table (`_dashboard.completion_rows`: TRL's `log_completions`) to
 `<logdir>/completions.jsonl`, one JSON object per row, and sends it to the trackers: tensorboard as a text summary
-(a Markdown table, tag `completions`), wandb as a `wandb.Table` (key `completions`).
+(a Markdown table, tag `completions`), wandb as a `wandb.Table` (key `completions`). The file is strict JSON, as
+metrics.jsonl: a NaN or +-inf reward or advantage is written as `null`, and a lone surrogate code point in a text
+(a tokenizer's decode of a cut character, e.g. '\\ud800') as U+FFFD, the replacement character, in the file and
+in the trackers alike (`printable_row`); neither stops the run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import json
 import math
 import numbers
 import os
+import re
 import time
 import warnings
 from collections.abc import Mapping
@@ -50,6 +54,21 @@ if TYPE_CHECKING:
 JSONL_NAME = run_directory.METRICS
 COMPLETIONS_NAME = run_directory.COMPLETIONS
 RESERVED_KEYS = ("step", "time")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A completion-table row that strict JSON and UTF-8 writers take: each surrogate code point of a string
+    (unpaired: a tokenizer's decode of a cut character; no valid UTF-8 holds one) replaced by U+FFFD."""
+    return {k: _SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v for k, v in row.items()}
+
+
+def json_row(row: Mapping[str, Any]) -> str:
+    """`row` as one line of strict JSON (`printable_row`'s strings; a NaN or +-inf float written as null)."""
+    record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in printable_row(row).items()}
+    return json.dumps(record, allow_nan=False)
 
 
 def check_step(step: Any, name: str = "step") -> int:
@@ -205,9 +224,10 @@ class MetricsLogger:
         if not self.active or not rows:
             return
         step = check_step(step)
+        rows = [printable_row(row) for row in rows]
         if self.completions_path is not None:
             with open(self.completions_path, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(row, allow_nan=False) + "\n" for row in rows))
+                f.write("".join(json_row(row) + "\n" for row in rows))
         if self._writer is not None:
             self._writer.add_text("completions", markdown_table(rows), global_step=step)
             self._writer.flush()

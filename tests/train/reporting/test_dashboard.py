@@ -118,3 +118,36 @@ def test_completion_tables_go_to_the_jsonl_and_tensorboard_and_a_resume_drops_la
         logger.log_completions(2, rows(2))
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
     assert math.isclose(json.loads(path.read_text().splitlines()[-1])["reward"], 1.0)
+
+
+def test_a_completion_table_with_nan_advantages_and_lone_surrogates_is_written_as_strict_json(tmp_path):
+    """Issue 60, point 6: a NaN or +-inf reward or advantage, and a lone surrogate in a text (a tokenizer's decode of
+    a cut character), stopped the run (`json.dumps(allow_nan=False)` raised ValueError; tensorboard's UTF-8 text
+    summary raised UnicodeEncodeError). Now the row is written: non-finite numbers as null, surrogates as U+FFFD,
+    and the file parses with a strict parser (no NaN / Infinity constants, valid UTF-8, no surrogate escapes)."""
+    rows = completion_rows(
+        4,
+        ["p\ud800q", "plain"],
+        ["a\udfffb\ud83d", "c"],
+        np.array([np.nan, np.inf]),
+        np.array([-np.inf, np.nan]),
+        [2, 1],
+        ["stop", "length"],
+        count=2,
+    )
+    with MetricsLogger(str(tmp_path)) as logger:  # tensorboard too: its text summary is UTF-8
+        logger.log_completions(4, rows)
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    raw = (tmp_path / run_directory.COMPLETIONS).read_bytes()
+    text = raw.decode("utf-8", errors="strict")
+    assert "\\ud8" not in text.lower() and "\\udf" not in text.lower()  # no surrogate escape either
+    read = [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
+    assert [(r["reward"], r["advantage"]) for r in read] == [(None, None), (None, None)]
+    assert read[0]["prompt"] == "p\ufffdq" and read[0]["completion"] == "a\ufffdb\ufffd"
+    assert read[1]["prompt"] == "plain"
+    assert [r["step"] for r in read] == [4, 4] and [r["truncated"] for r in read] == [False, True]
+    summaries = [value.tag for event in iter_events(str(tmp_path)) for value in event.summary.value]
+    assert len([tag for tag in summaries if tag.startswith("completions")]) == 1
