@@ -39,6 +39,7 @@ import sys
 import time
 import traceback
 
+from mathrl_jax.processes import kill_descendants
 from mathrl_jax.rewards.function_loading import RewardFunctionError, load_reward_function
 from mathrl_jax.rewards.grading_process import recv_message, send_message
 
@@ -50,53 +51,6 @@ _BOOTSTRAP = (
 
 
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid`'s living descendants, parents before children, from `/proc/<pid>/task/<tid>/children` (Linux; [] where
-    there is no /proc). A zombie (ended, not reaped) is left out: it holds no file and runs nothing."""
-    found, pending = [], [pid]
-    while pending and len(found) < 100_000:
-        parent = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                try:
-                    with open(f"/proc/{child}/stat") as f:
-                        if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
-                            continue
-                except (OSError, IndexError):
-                    continue
-                found.append(child)
-                pending.append(child)
-    return found
-
-
-def kill_descendants(pid: int, rounds: int = 50) -> int:
-    """SIGKILLs `pid`'s descendants (`descendants`), children before parents, and again while any lives (one forked
-    meanwhile, one `pid` adopted as a subreaper); returns how many it killed. `pid` itself is left alive: while it
-    lives, what its descendants leave (orphans, when it is a subreaper) stays in its tree, found here."""
-    killed = set()
-    for _ in range(rounds):
-        living = descendants(pid)
-        if not living:
-            break
-        for child in reversed(living):
-            try:
-                os.kill(child, signal.SIGKILL)
-                killed.add(child)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.01)  # a killed process is listed until it is a zombie
-    return len(killed)
 
 
 class FunctionProcessError(RewardFunctionError):

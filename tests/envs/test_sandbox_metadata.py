@@ -297,19 +297,23 @@ def test_a_set_user_id_program_gains_nothing(victims):
         assert result.ok and result.stdout.split() == [str(privileges.SANDBOX_ID)], (isolation.name, result)
 
 
+ROOT_UNDER_THE_HOOK_ALONE = dataclasses.replace(
+    NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
+)
+"""No layer but the audit hook (opted in): the program is the caller, root, with `CAP_LINUX_IMMUTABLE`."""
+IMMUTABLE_FILE = HOOK_OFF + (
+    "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
+    "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
+)
+"""`chattr +i` on a file the program wrote in its working directory; prints the directory."""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root holds CAP_LINUX_IMMUTABLE")
 def test_an_immutable_file_in_the_working_directory_leaves_nothing_behind():
     """Without the uid and seccomp layers (the audit hook alone, opted in), root's program marks a file of its
     working directory immutable (`chattr +i`). The run's directory on the host is still removed: before,
     `rmtree(ignore_errors=True)` left it, data and all, and the run said "ok"."""
-    isolation = dataclasses.replace(
-        NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
-    )
-    code = HOOK_OFF + (
-        "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
-        "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
-    )
-    result = run_python(code, LIMITS, isolation=isolation)
+    result = run_python(IMMUTABLE_FILE, LIMITS, isolation=ROOT_UNDER_THE_HOOK_ALONE)
     workdir = result.stdout.splitlines()[-1]
     assert workdir.endswith("/work") and result.status == "ok", result
     assert not os.path.exists(os.path.dirname(workdir))
@@ -320,14 +324,7 @@ def test_a_cleanup_that_fails_is_reported_not_ok(monkeypatch):
     """If the run's directory cannot be removed (the flag clearing disabled here), the result says so: status
     "sandbox_error", the directory named; never "ok" over data left on the host."""
     monkeypatch.setattr(cleanup, "clear_inode_flags", lambda path: None)
-    isolation = dataclasses.replace(
-        NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
-    )
-    code = HOOK_OFF + (
-        "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
-        "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
-    )
-    result = run_python(code, LIMITS, isolation=isolation)
+    result = run_python(IMMUTABLE_FILE, LIMITS, isolation=ROOT_UNDER_THE_HOOK_ALONE)
     base = os.path.dirname(result.stdout.splitlines()[-1])
     try:
         assert result.status == "sandbox_error" and f"{base} could not be removed" in result.stderr, result

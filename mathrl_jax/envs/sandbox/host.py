@@ -24,10 +24,11 @@ from mathrl_jax.envs.sandbox import child
 from mathrl_jax.envs.sandbox.cgroup import MemoryCgroup, PidsCgroup, RunCgroup, memory_cgroup_parent, pids_cgroup_parent
 from mathrl_jax.envs.sandbox.cleanup import remove_tree
 from mathrl_jax.envs.sandbox.isolation import readable_roots, require_isolation, unshare_flags
-from mathrl_jax.envs.sandbox.privileges import SANDBOX_ID
 from mathrl_jax.envs.sandbox.limits import Isolation, SandboxLimits
 from mathrl_jax.envs.sandbox.outcome import classify, parse_status
+from mathrl_jax.envs.sandbox.privileges import SANDBOX_ID
 from mathrl_jax.envs.sandbox.result import SandboxResult
+from mathrl_jax.processes import descendants
 
 
 def _clean_env(workdir: str) -> dict[str, str]:
@@ -157,31 +158,11 @@ def run_python(
     return result
 
 
-def _descendants(pid: int) -> list[int]:
-    """`pid`'s descendants, parents before children (from `/proc/<pid>/task/<tid>/children`)."""
-    found, pending = [], [pid]
-    while pending and len(found) < 100_000:
-        parent = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += children
-            pending += children
-    return found
-
-
 def _kill(proc, *cgroups: RunCgroup | None) -> None:
     """SIGKILLs every process of the run: the supervisor's descendants (children first: a killed child stays
     its living parent's zombie, so its pid cannot be reused before the parent is killed), wherever they moved
     (`setsid` where seccomp does not refuse it), the run's process group, and every process in its cgroups."""
-    for pid in reversed(_descendants(proc.pid)):
+    for pid in reversed(descendants(proc.pid)):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
