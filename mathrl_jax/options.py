@@ -97,14 +97,33 @@ def config_from(table: Sequence) -> ml_collections.ConfigDict:
     return config
 
 
+MAX_WHOLE = 2**31 - 1
+"""The largest value of a whole-number option without a `high` of its own (JAX's default integer is 32 bits): a
+count past it is no setting, only a hang, an OverflowError or a MemoryError later."""
+
+
+def is_whole_option(option: Option) -> bool:
+    """Whether `option` takes whole numbers (an int default, or value_type int; bools are not)."""
+    kind = option.value_type if option.default is None else type(option.default)
+    return kind is int
+
+
 def range_error(option: Option, value: Any) -> Optional[str]:
-    """Why `value` is out of `option`'s bounds (one line naming the key), or None. None values are unset options."""
-    if value is None or (option.low is None and option.high is None):
+    """Why `value` is out of `option`'s bounds (one line naming the key), or None. None values are unset options.
+    A whole-number option takes an int (not 1e12) up to its `high`, else up to `MAX_WHOLE`."""
+    if value is None:
+        return None
+    whole = is_whole_option(option)
+    if whole and isinstance(value, float) and math.isfinite(value):  # non-finite: refused as such by validation
+        return f"{option.key}={value!r}: must be a whole number"
+    if option.low is None and option.high is None and not (whole and isinstance(value, int)):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{option.key}={value!r}: must be a number"
     low = -math.inf if option.low is None else option.low
-    high = math.inf if option.high is None else option.high
+    high = option.high if option.high is not None else (MAX_WHOLE if whole else math.inf)
+    if whole and isinstance(value, int) and option.low is None and value < -MAX_WHOLE - 1:
+        return f"{option.key}={value} is out of range: must be in [{-MAX_WHOLE - 1}, {high}]"
     if value > high or value < low or (value == low and option.low_open):
         return f"{option.key}={value} is out of range: must be in {'(' if option.low_open else '['}{low}, {high}]"
     return None

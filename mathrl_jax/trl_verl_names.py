@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 from typing import Iterable, Sequence
 
@@ -207,13 +208,70 @@ def _split(arg: str) -> tuple[str, str | None] | None:
     return key, (value if sep else None)
 
 
+def _boolean_keys() -> frozenset:
+    """Our options that take no separate value (`--config.resume` alone is True): the bools of the table."""
+    from mathrl_jax.configs import default
+    from mathrl_jax.options import options_of
+
+    return frozenset(
+        o.key for o in options_of(default.OPTIONS) if isinstance(o.default, bool) or o.value_type is bool
+    )
+
+
+def _same_value(a: str, b: str) -> bool:
+    """Whether two command-line values are one value: as Python literals (`1e-5` is `0.00001`), else as text."""
+    import ast
+
+    def parsed(text: str):
+        try:
+            return ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return text
+
+    return a == b or parsed(a) == parsed(b)
+
+
+def expand_flagfiles(argv: Sequence[str]) -> list[str]:
+    """`argv` with each `--flagfile=FILE` (or `--flagfile FILE`) replaced by the flags in FILE, as absl reads them
+    (so that the names in a flag file are rewritten and checked as the command line's are). A flag file that is
+    not a readable regular file is refused (opening a FIFO would wait for a writer)."""
+    import stat
+
+    from absl import flags
+
+    argv = list(argv)
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg.startswith(("--flagfile=", "-flagfile=")):
+            path = arg.split("=", 1)[1]
+        elif arg in ("--flagfile", "-flagfile") and i + 1 < len(argv):
+            path = argv[i + 1]
+        else:
+            continue
+        try:
+            mode = os.stat(os.path.expanduser(path)).st_mode
+        except OSError as error:
+            raise RefusedName(f"--flagfile {path!r} cannot be read: {error.strerror or error}") from None
+        if not stat.S_ISREG(mode):
+            raise RefusedName(f"--flagfile {path!r} is not a regular file (a FIFO, device or directory?)")
+    if not any(a.startswith(("--flagfile", "-flagfile")) for a in argv[1:]):
+        return argv
+    try:
+        return [argv[0], *flags.FlagValues().read_flags_from_files(argv[1:], force_gnu=True)]
+    except flags.Error as error:
+        raise RefusedName(" ".join(str(error).replace("ERROR::", "").split())) from None
+
+
 def resolve_names(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """`argv` with each `--config.ALIAS` rewritten to its key, and one note per rewrite.
+    """`argv` (its flag files read in: `expand_flagfiles`) with each `--config.ALIAS` rewritten to its key, and one
+    note per rewrite.
 
     Raises RefusedName for a refused name, and for a key given twice under different names with different values
-    (`--config.beta=0.1 --config.kl_coef=0.2`)."""
+    (`--config.beta=0.1 --config.kl_coef=0.2`, `--config.beta 0.1 --config.kl_coef=0.2`; values compared as
+    literals: `1e-5` is `0.00001`)."""
+    argv = expand_flagfiles(argv)
+    booleans = None
     out, notes, given = [], [], {}
-    for arg in argv:
+    for i, arg in enumerate(argv):
         parts = _split(arg)
         if parts is None:
             out.append(arg)
@@ -223,17 +281,22 @@ def resolve_names(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             refused = _REFUSED[name]
             raise RefusedName(f"--config.{name} is {refused.system}'s, with another meaning here: use {refused.use}")
         key = _ALIAS_OF[name].key if name in _ALIAS_OF else name
-        if key in given and value is not None and given[key][1] != value and given[key][0] != name:
+        shown = None if value is None else f"={value}"
+        if value is None and i + 1 < len(argv):  # `--config.KEY VALUE`: absl takes the next word as the value
+            booleans = _boolean_keys() if booleans is None else booleans
+            if key not in booleans:
+                value, shown = argv[i + 1], f" {argv[i + 1]}"
+        if key in given and value is not None and not _same_value(given[key][1], value) and given[key][0] != name:
             raise RefusedName(
-                f"--config.{key} is given twice, as --config.{given[key][0]}={given[key][1]} and --config.{name}="
-                f"{value}: give it once"
+                f"--config.{key} is given twice, as --config.{given[key][0]}{given[key][2]} and --config.{name}"
+                f"{shown}: give it once"
             )
         if value is not None:
-            given[key] = (name, value)
+            given[key] = (name, value, shown)
         if name in _ALIAS_OF:
             alias = _ALIAS_OF[name]
             notes.append(f"--config.{name} is {alias.system}'s name of --config.{key}")
-            arg = f"--config.{key}" + ("" if value is None else f"={value}")
+            arg = f"--config.{key}" + ("" if parts[1] is None else f"={parts[1]}")
         out.append(arg)
     return out, notes
 

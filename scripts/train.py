@@ -36,7 +36,7 @@ def parse_config(argv):
         )
         flags.FLAGS(argv)
     except flags.Error as error:
-        fail(str(error).replace("\n", " "))
+        fail(without_traceback(str(error)))
     except OSError as error:  # a config file that does not load, met while applying an override to it
         fail(f"cannot load the config: {' '.join(str(error).split())}")
     except (KeyError, AttributeError) as error:
@@ -55,6 +55,16 @@ def parse_config(argv):
     except Exception as error:
         fail(f"cannot load the config: {' '.join(str(error).split())}")
     return config
+
+
+def without_traceback(message: str) -> str:
+    """absl's message on one line, a traceback it embeds (a config file's get_config failing) cut to its last line,
+    the exception: `flag --config=FILE: Error whilst parsing config file: TypeError: Could not override ...`."""
+    head, sep, trace = message.partition("Traceback (most recent call last):")
+    if sep:
+        lines = [line for line in trace.strip().splitlines() if line.strip()]
+        head = f"{head.strip()} {lines[-1].strip() if lines else ''}"
+    return " ".join(head.split())
 
 
 def resolve_names(argv):

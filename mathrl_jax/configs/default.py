@@ -44,6 +44,8 @@ OPTIONS = (
                 "Seeds everything drawn: the initial weights of the tiny model, the data's order and held-out "
                 "split, the sampler's keys, the minibatch order."
             ),
+            low=0,
+            high=2**32 - 1,  # numpy's and JAX's seeds: a 32-bit word
         ),
         Option(
             "run_dir",
@@ -390,6 +392,7 @@ OPTIONS = (
                 "the start, naming the problem (nothing is truncated silently)."
             ),
             low=1,
+            high=2**24,
         ),
         Option(
             "num_eval_problems",
@@ -496,6 +499,7 @@ OPTIONS = (
             ),
             resume=MAY_CHANGE,
             low=1,
+            high=1024,
         ),
         Option(
             "vllm.server_url",
@@ -538,6 +542,7 @@ OPTIONS = (
             32,
             "Prompts per iteration (OpenR's name; verl's data.train_batch_size): each sampled group_size times.",
             low=1,
+            high=2**20,
         ),
         Option(
             "group_size",
@@ -547,6 +552,7 @@ OPTIONS = (
                 "baselines compare them."
             ),
             low=1,
+            high=2**16,
         ),
         Option(
             "episode_length",
@@ -556,6 +562,7 @@ OPTIONS = (
                 "cut into."
             ),
             low=1,
+            high=2**16,
         ),
         Option(
             "max_new_tokens",
@@ -566,6 +573,7 @@ OPTIONS = (
                 "40 holds the warm-start's worked solutions (up to 33 tokens with EOS)."
             ),
             low=1,
+            high=2**24,
         ),
         Option(
             "temperature",
@@ -628,6 +636,7 @@ OPTIONS = (
             ),
             resume=MAY_CHANGE,
             low=0,
+            high=2**62,
         ),
     ),
     *group(
@@ -715,6 +724,7 @@ OPTIONS = (
             "Processes grading answers with math-verify in parallel (each killable at reward.timeout_s).",
             low=1,
             resume=MAY_CHANGE,
+            high=1024,
         ),
         Option(
             "reward.functions",

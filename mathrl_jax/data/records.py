@@ -24,6 +24,12 @@ from mathrl_jax.data.readers import DataError, Record
 from mathrl_jax.rewards.extraction import last_boxed
 
 
+MAX_PROMPT_CHARS = 4 * 2**20
+"""The longest prompt (question, or chat messages' contents together) read as a problem: 4 Mi characters, a
+million tokens and more, over any model's context. A longer one is refused where it is read, before a tokenizer
+spends minutes on it to find it too long."""
+
+
 def _alternatives(field: FieldName) -> tuple[str, ...]:
     return (field,) if isinstance(field, str) else tuple(field)
 
@@ -106,6 +112,14 @@ class RowReader:
                 messages = chat_messages(value)
             except ValueError as e:
                 raise self.error(record, str(e), name) from None
+        size = len(question) if messages is None else sum(len(message["content"]) for message in messages)
+        if size > MAX_PROMPT_CHARS:
+            raise self.error(
+                record,
+                f"a prompt of {size} characters, over the limit of {MAX_PROMPT_CHARS} (MAX_PROMPT_CHARS in "
+                "mathrl_jax/data/records.py: more than any model's context holds)",
+                name,
+            )
         solution = self.optional(record, m.solution, m.solution_fn)
         if m.answer is not None:
             name, value = self.required(record, m.answer)

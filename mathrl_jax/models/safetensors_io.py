@@ -37,6 +37,23 @@ class ModelCheckpointError(MathRLError, ValueError):
     """A checkpoint directory that does not match the model; names the tensor or file."""
 
 
+MAX_HEADER_BYTES = 100 * 2**20
+"""The longest JSON header read (100 MiB, the `safetensors` package's own limit)."""
+
+
+def _header_size(f, path: str) -> int:
+    """The JSON header's length, from the first 8 bytes of the open file `f`; one that the file cannot hold, or
+    over MAX_HEADER_BYTES (a damaged file: 1e15), raises ModelCheckpointError naming the file before it is read."""
+    (size,) = struct.unpack("<Q", f.read(8))
+    file_size = os.fstat(f.fileno()).st_size
+    if size > file_size - 8 or size > MAX_HEADER_BYTES:
+        raise ModelCheckpointError(
+            f"{path} is not a readable safetensors file: its header length {size} is over "
+            + (f"the {file_size} bytes of the file" if size > file_size - 8 else f"the limit of {MAX_HEADER_BYTES}")
+        )
+    return size
+
+
 class SafetensorsFile:
     """Lazy reader of one `.safetensors` file: tensors are read-only views of a memory map.
 
@@ -51,7 +68,7 @@ class SafetensorsFile:
         self.path = path
         try:
             with open(path, "rb") as f:
-                (header_size,) = struct.unpack("<Q", f.read(8))
+                header_size = _header_size(f, path)
                 header = json.loads(f.read(header_size))
         except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelCheckpointError(f"{path} is not a readable safetensors file: {e}") from None

@@ -239,7 +239,22 @@ def encode_prompts(settings: PromptSettings, codec: TextCodec, problems) -> List
     return out
 
 
+PROMPT_CHECK_BATCH = 512
+"""Prompts tokenized together by `check_prompts` (a fast tokenizer encodes a batch in parallel)."""
+
+
 def check_prompts(settings: PromptSettings, codec: TextCodec, train_problems, eval_problems) -> None:
-    """Fails now, not at iteration 500, on a prompt over `max_prompt_length` (the first 1000 training ones)."""
-    encode_prompts(settings, codec, eval_problems)
-    encode_prompts(settings, codec, train_problems[:1000])
+    """Fails now, not at iteration 500, on a prompt over `max_prompt_length`: every evaluation and training prompt
+    is tokenized (in batches of `PROMPT_CHECK_BATCH`), and the first too long is named with its row."""
+    for what, problems in (("evaluation", eval_problems), ("training", train_problems)):
+        for start in range(0, len(problems), PROMPT_CHECK_BATCH):
+            batch = problems[start : start + PROMPT_CHECK_BATCH]
+            texts = [prompt_text(settings.template, codec, problem) for problem in batch]
+            lengths = [len(ids) for ids in codec.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            for offset, length in enumerate(lengths):
+                if length > settings.max_length:
+                    fail(
+                        f"problem {batch[offset].uid!r} ({what} problem {start + offset + 1} of {len(problems)}) "
+                        f"has a {length}-token prompt, over --config.max_prompt_length={settings.max_length}: "
+                        "raise it, or drop the longer problems from the data file"
+                    )

@@ -25,6 +25,11 @@ DATASET_LAYOUTS = ("auto", "math500", "math", "gsm8k", "areal_boba", "verl", "tr
 """The dataset_names of a file's layout (`data.sources.LAYOUTS`); "custom" is the one `data.fields` maps."""
 
 
+MAX_ROWS_PER_ITERATION = 2**24
+"""The most completions one iteration may sample (n_rollout_threads x group_size): 16 Mi, a thousand times a large
+verl batch (1024 prompts x 16); past it a run would not hold its rollouts, only hang or run out of memory."""
+
+
 ALGORITHM_SPELLINGS = {"dr_grpo": "drgrpo", "dr-grpo": "drgrpo", "reinforce_plus_plus_baseline": "reinforce_pp"}
 """Other systems' names of the algorithms here: TRL's `dr_grpo` (its `loss_type`), verl's adv_estimator
 `reinforce_plus_plus_baseline`."""
@@ -198,6 +203,13 @@ def check_eval_holdout(c) -> None:
 def check_batch_shape(c) -> None:
     """An iteration's rows split into the minibatches, and a minibatch into the micro-batches."""
     rows = c.n_rollout_threads * (c.episode_length if c.env_name else c.group_size)
+    if rows > MAX_ROWS_PER_ITERATION:
+        fail(
+            f"{rows} rows per iteration (n_rollout_threads={c.n_rollout_threads} x "
+            + (f"episode_length={c.episode_length}" if c.env_name else f"group_size={c.group_size}")
+            + f") is over the limit of {MAX_ROWS_PER_ITERATION} (MAX_ROWS_PER_ITERATION, "
+            "mathrl_jax/train/setup/_validation.py)"
+        )
     if rows % c.num_mini_batch:
         fail(
             f"{rows} rows per iteration (n_rollout_threads x group_size, or x episode_length for envs) do not split "
