@@ -132,3 +132,23 @@ def test_the_nccl_transfer_is_set_up_as_vllm_expects_without_a_gpu_to_run_it():
     assert json.loads(argv[argv.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
     assert "--no-enable-chunked-prefill" not in argv and "VLLM_CPU_OMP_THREADS_BIND" not in environment
     assert environment["VLLM_SERVER_DEV_MODE"] == "1" and argv[argv.index("--tensor-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "gpu-node-3", ""])
+def test_a_server_command_beyond_localhost_needs_allow_remote(host):
+    """`serve_command` (what `start_server` and `scripts/vllm_server.py` run) opens vLLM's unauthenticated weight
+    routes on the loopback interface alone, unless told otherwise."""
+    pytest.importorskip("vllm", reason="the server command")
+    from mathrl_jax.errors import MathRLError
+    from mathrl_jax.sampling.vllm.launch import serve_command
+
+    with pytest.raises(MathRLError, match=f"--host {host!r} would open the server's unauthenticated weight routes"):
+        serve_command("/ckpt", port=8000, host=host, on_cpu=False)
+    for extra in (["--host", host], [f"--host={host}"]):  # among vLLM's own arguments
+        with pytest.raises(MathRLError, match=f"--host {host!r} would open"):
+            serve_command("/ckpt", port=8000, on_cpu=False, extra=extra)
+    argv, _ = serve_command("/ckpt", port=8000, host=host, on_cpu=False, allow_remote=True)
+    assert argv[argv.index("--host") + 1] == host
+    for local in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        argv, _ = serve_command("/ckpt", port=8000, host=local, on_cpu=False)
+        assert argv[argv.index("--host") + 1] == local

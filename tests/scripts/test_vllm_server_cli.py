@@ -93,6 +93,76 @@ def test_the_server_script_refuses_bad_input_in_one_line(bad, named):
     assert done.returncode == 2 and named in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "inference.example", ""])
+def test_a_host_beyond_localhost_is_refused_in_one_line_unless_allowed(tmp_path, host):
+    """vLLM's development routes have no authentication: serving them beyond this machine takes an explicit flag,
+    and the refusal comes before anything is written."""
+    tiny = tmp_path / "tiny"
+    command = [sys.executable, "scripts/vllm_server.py", "--model", "tiny", "--tiny-dir", str(tiny), "--print"]
+    done = subprocess.run([*command, "--host", host], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert f"--host {host!r}" in done.stderr and "unauthenticated" in done.stderr
+    assert "--allow-remote-unauthenticated" in done.stderr
+    assert not tiny.exists()
+    if host == "0.0.0.0":
+        allowed = [*command, "--host", host, "--allow-remote-unauthenticated"]
+        done = subprocess.run(allowed, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "--host 0.0.0.0" in done.stdout and "--allow-remote-unauthenticated" not in done.stdout  # ours alone
+
+
+def test_without_vllm_the_server_script_says_so_in_one_line(tmp_path):
+    """vLLM missing from the Python that runs the script (here: a `vllm` on the path that fails to import, as an
+    absent one does)."""
+    stub = tmp_path / "no_vllm" / "vllm"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "no_vllm"))
+    tiny = tmp_path / "tiny"
+    done = subprocess.run(
+        [sys.executable, "scripts/vllm_server.py", "--model", "tiny", "--tiny-dir", str(tiny), "--port", "8123"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "vLLM is not installed" in done.stderr and "install_vllm_cpu.sh" in done.stderr
+    assert not tiny.exists()
+
+
+def test_the_tiny_model_goes_into_a_new_private_directory_not_a_planted_link(tmp_path):
+    """Without --tiny-dir the tiny model is written into a new directory of its own (mode 0700) in the temporary
+    directory: a link planted there under the old fixed name is not followed."""
+    shared = tmp_path / "shared_tmp"  # the machine's shared temporary directory, as another user could plant in it
+    shared.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (shared / "mathrl_jax_tiny_model").symlink_to(victim, target_is_directory=True)
+    env = dict(os.environ, TMPDIR=str(shared))
+    runs = [
+        subprocess.run(
+            [sys.executable, "scripts/vllm_server.py", "--model", "tiny", "--port", "8123", "--print"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    models = []
+    for done in runs:
+        assert done.returncode == 0, done.stderr
+        argv = done.stdout.split()
+        models.append(argv[argv.index("--model") + 1])
+    assert os.listdir(victim) == []
+    assert models[0] != models[1]  # each start its own
+    for model in models:
+        assert os.path.dirname(model) == str(shared) and not os.path.islink(model)
+        assert os.stat(model).st_mode & 0o777 == 0o700 and os.stat(model).st_uid == os.geteuid()
+        assert os.path.isfile(os.path.join(model, "config.json"))
+
+
 def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"

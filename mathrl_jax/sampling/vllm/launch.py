@@ -5,10 +5,17 @@ distribution fails at start: it looks for a distribution named `vllm`) with the 
 route, the weight-transfer engine and the sampler's log-prob mode. On vLLM's CPU build it also turns chunked prefill
 off (seeded sampling crashes when a prompt's prefill is split: `engine.cpu_prefill`) and binds a tensor-parallel
 server's workers to their own cores. Run it yourself on another machine, or let `start_server` run it here.
+
+The routes the trainer needs come with vLLM's development mode (`VLLM_SERVER_DEV_MODE=1`: `/collective_rpc`,
+`/update_weights`, `/pause`, ...), and they have no authentication (vLLM's `--api-key` guards only `/v1`, `/v2`,
+`/inference` and `/cohere`): whoever reaches the port can replace the weights, call the workers' methods or stop
+the server. So `serve_command` binds the loopback address only, unless `allow_remote=True` says otherwise
+(`scripts/vllm_server.py --allow-remote-unauthenticated`; docs/vllm.md).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -17,6 +24,30 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mathrl_jax.errors import MathRLError
+
+ALLOW_REMOTE_FLAG = "--allow-remote-unauthenticated"  # scripts/vllm_server.py's way to say allow_remote=True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine's loopback interface alone ("localhost", 127.0.0.0/8, ::1); "0.0.0.0", "::",
+    "" and any other name or address reach beyond it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, allow_remote: bool = False) -> None:
+    """Raises `MathRLError` for a `host` beyond the loopback interface, unless `allow_remote` (module docstring)."""
+    if not allow_remote and not is_loopback(host):
+        raise MathRLError(
+            f"--host {host!r} would open the server's unauthenticated weight routes (/collective_rpc, "
+            "/update_weights, /pause, ...) beyond this machine: anyone who reaches the port could replace the "
+            f"weights, call the workers' methods or stop it; on a network you trust, add {ALLOW_REMOTE_FLAG} "
+            "(docs/vllm.md#a-server-beyond-localhost)"
+        )
 
 
 def serve_command(
@@ -31,12 +62,21 @@ def serve_command(
     transfer: str = "auto",
     seed: int = 0,
     on_cpu: Optional[bool] = None,
+    allow_remote: bool = False,
     extra: Sequence[str] = (),
 ) -> Tuple[List[str], Dict[str, str]]:
     """(argv, environment additions) of a vLLM server of `model` that a `VllmServerSampler` can drive.
 
     `transfer` "auto": this package's shared-memory engine on vLLM's CPU build, vLLM's NCCL engine on a GPU;
-    `on_cpu` None: whether the vLLM installed here is its CPU build."""
+    `on_cpu` None: whether the vLLM installed here is its CPU build. A `host` beyond the loopback interface raises
+    `MathRLError` unless `allow_remote` (the server's weight routes are unauthenticated: module docstring)."""
+    extra = list(extra)
+    for i, word in enumerate(extra):  # a --host among vLLM's own arguments (it would win: it comes last)
+        if word == "--host" and i + 1 < len(extra):
+            check_host(extra[i + 1], allow_remote)
+        elif word.startswith("--host="):
+            check_host(word.split("=", 1)[1], allow_remote)
+    check_host(host, allow_remote)
     from mathrl_jax.sampling.vllm import plugin
     from mathrl_jax.sampling.vllm.engine import cpu_prefill, cpu_thread_binding, is_cpu_build
 

@@ -17,10 +17,16 @@ every worker has loaded it (`update_weights` returns after all workers did). Loa
 reload, as its NCCL and IPC engines do (`start_weight_update` / `finish_weight_update`): checkpoint names in, vLLM's
 own fusing (q/k/v, gate/up) and re-layout after.
 
-The trainer and the engine must see one file system: one host (or a shared mount given as `directory`). An engine
-on another host needs the NCCL engine. Why a file and not a socket or a gloo group: a file in tmpfs reaches any
-number of workers in any process with one write, needs no rendezvous that could hang, and the workers' reads are
-memory copies; safetensors is the checkpoint format both sides already read.
+The trainer and the engine must see one file system: one host (or a shared mount named by `MATHRL_JAX_TRANSFER_DIR`
+in both environments). An engine on another host needs the NCCL engine. Why a file and not a socket or a gloo
+group: a file in tmpfs reaches any number of workers in any process with one write, needs no rendezvous that could
+hang, and the workers' reads are memory copies; safetensors is the checkpoint format both sides already read.
+
+The engine trusts no request (vLLM's weight routes are unauthenticated, `docs/vllm.md`): it takes as a trainer's
+directory only one a trainer made with `mkdtemp` in the agreed base (`default_directory()`): a real directory (not
+a link), named `mathrl_weights_*`, directly in the base, this user's and private (mode 0700). It loads only
+`chunk_<k>.safetensors` files directly in such a directory, and writes only its failure reports there (never
+through a link). A request naming anything else (`/`, `/etc`, a link out) is refused, naming the path.
 
 Registered with vLLM's factories under `BACKEND` by `mathrl_jax.sampling.vllm.plugin`, a `vllm.general_plugins`
 entry point, so that every vLLM process (the engine core, each worker, a server) knows it.
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
+import stat
 import tempfile
 import weakref
 from typing import Any, ClassVar, Dict, Iterator, List, Set, Tuple
@@ -51,6 +59,10 @@ from mathrl_jax.sampling.vllm.plugin import BACKEND
 
 DEFAULT_CHUNK_BYTES = 1 << 30
 FAILED = "failed_worker_"  # a worker's report of a load that failed, in the trainer's directory
+BASE_ENV = "MATHRL_JAX_TRANSFER_DIR"  # the base directory both sides agree on, where not /dev/shm
+PREFIX = "mathrl_weights_"  # a trainer's directory: mkdtemp(prefix=PREFIX, dir=default_directory())
+_DIRECTORY_NAME = re.compile(re.escape(PREFIX) + r"[A-Za-z0-9_]+")  # mkdtemp's random part
+_CHUNK_NAME = re.compile(r"chunk_[0-9]+\.safetensors")
 
 
 class EngineLoadError(MathRLError, RuntimeError):
@@ -59,13 +71,49 @@ class EngineLoadError(MathRLError, RuntimeError):
 
 
 def default_directory() -> str:
-    """/dev/shm where the host has it (memory, not disk), else the temporary directory."""
+    """The base the trainers' directories go in: `$MATHRL_JAX_TRANSFER_DIR` if set (a shared mount; the engine's
+    environment must name the same), else /dev/shm where the host has it (memory, not disk), else the temporary
+    directory."""
+    if os.environ.get(BASE_ENV):
+        return os.environ[BASE_ENV]
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def trainer_directory(directory: Any) -> str:
+    """The real path of `directory`, a trainer's directory as a request names it, if the engine may read from it
+    (module docstring): a directory named `mathrl_weights_*` directly in `default_directory()`, not a link, this
+    user's, mode 0700. Raises `ValueError` naming it otherwise."""
+    base = os.path.realpath(default_directory())
+    if not isinstance(directory, str) or not directory:
+        raise ValueError(f"{BACKEND}: refused the trainer directory {directory!r}: expected a path")
+    real = os.path.realpath(directory)
+    if os.path.dirname(real) != base or not _DIRECTORY_NAME.fullmatch(os.path.basename(real)):
+        why = (
+            f"it is not a {PREFIX}* directory the trainer created in {base} (a trainer elsewhere: set {BASE_ENV} to "
+            "the same directory for the trainer and the vLLM server)"
+        )
+    else:
+        try:
+            st = os.lstat(real)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            why = (
+                "it is not visible to this vLLM worker (the shared-memory transport needs the trainer and the "
+                "engine on one host, or a shared mount)"
+            )
+        elif st.st_uid != os.geteuid():
+            why = f"it belongs to user {st.st_uid}, not this engine's ({os.geteuid()})"
+        elif stat.S_IMODE(st.st_mode) & 0o077:
+            why = f"it is open to other users (mode {stat.S_IMODE(st.st_mode):o}, expected 700)"
+        else:
+            return real
+    raise ValueError(f"{BACKEND}: refused the trainer directory {directory!r}: {why}")
 
 
 @dataclasses.dataclass
 class SharedMemoryInitInfo(WeightTransferInitInfo):
-    """Worker side: the directory the trainer writes its files in (checked to be visible to the worker)."""
+    """Worker side: the directory the trainer writes its files in (checked: `trainer_directory`)."""
 
     directory: str
 
@@ -92,12 +140,7 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
         self.directories: Set[str] = set()
 
     def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
-        if not os.path.isdir(init_info.directory):
-            raise ValueError(
-                f"{BACKEND}: the trainer's directory {init_info.directory!r} is not visible to this vLLM worker "
-                "(the shared-memory transport needs the trainer and the engine on one host, or a shared mount)"
-            )
-        self.directories.add(os.path.realpath(init_info.directory))
+        self.directories.add(trainer_directory(init_info.directory))
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -127,9 +170,7 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
         Why the reload is finished here: vLLM's worker leaves its layerwise reload half-done after an error, and
         the next sync failed on its leftovers. The layers not reached keep their old weights; the trainer raises,
         and its sampler knows the model is not the source's (it refuses to sample until a sync completes)."""
-        path = os.path.realpath(update_info.path)
-        if os.path.dirname(path) not in self.directories:  # a request names a file: only in a trainer's directory
-            raise ValueError(f"{BACKEND}: {update_info.path!r} is in no directory a trainer opened a transfer with")
+        path = chunk_path(update_info.path, self.directories)
         if getattr(self, "failed", False):  # a later chunk of a sync that already failed here: nothing more loads
             return
         try:
@@ -145,11 +186,36 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
                 pass
             self.failed = True
             message = f"{type(error).__name__}: {error}"
-            with open(os.path.join(os.path.dirname(path), f"{FAILED}{os.getpid()}.txt"), "w") as report:
-                report.write(message)
+            _write_new(os.path.join(os.path.dirname(path), f"{FAILED}{os.getpid()}.txt"), message)
 
     def shutdown(self) -> None:
         pass  # nothing held between updates; a trainer removes its own directory
+
+
+def _write_new(path: str, text: str) -> None:
+    """`text` into a new file at `path` (whatever was there, a link included, is removed first: never followed)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as file:
+        file.write(text)
+
+
+def chunk_path(path: Any, directories: Set[str]) -> str:
+    """The real path of the chunk file a request names, if the engine may load it: `chunk_<k>.safetensors` directly
+    in one of `directories` (trainers' directories, `trainer_directory`, checked again: still private), a file.
+    Raises `ValueError` naming it otherwise."""
+    real = os.path.realpath(path) if isinstance(path, str) and path else ""
+    directory, name = os.path.split(real)
+    if directory not in directories or not _CHUNK_NAME.fullmatch(name):
+        raise ValueError(
+            f"{BACKEND}: refused to load {path!r}: not a chunk file in a directory a trainer opened a transfer with"
+        )
+    trainer_directory(directory)
+    if not os.path.isfile(real):
+        raise ValueError(f"{BACKEND}: refused to load {path!r}: not a file")
+    return real
 
 
 @dataclasses.dataclass
@@ -188,7 +254,7 @@ class SharedMemoryTrainerWeightTransferEngine(TrainerWeightTransferEngine[Shared
             raise ValueError(f"{BACKEND}: chunk_bytes={init_info.chunk_bytes}, expected >= 1")
         if not os.path.isdir(init_info.directory):
             raise ValueError(f"{BACKEND}: directory {init_info.directory!r} does not exist")
-        directory = tempfile.mkdtemp(prefix="mathrl_weights_", dir=init_info.directory) if init_info.is_sender else ""
+        directory = tempfile.mkdtemp(prefix=PREFIX, dir=init_info.directory) if init_info.is_sender else ""
         engine = cls(
             client=client,
             source=source,
