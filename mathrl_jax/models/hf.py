@@ -7,7 +7,10 @@ vLLM weight sync all go through it.
 
 Loading reads `*.safetensors` files through a memory map, one tensor at a
 time, and places each directly on its device (or, given a sharding, each
-device's slice of it), so the model is never held twice in host memory.
+device's slice of it), so the model is never held twice in host memory. Every
+floating tensor is checked finite as it is read (`check_finite_tensor`: a NaN or
+inf weight would skip every update of a run, each loss non-finite): one is a
+`ModelCheckpointError` naming the tensor and its file.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from flax import nnx
 from mathrl_jax.models import lora
 from mathrl_jax.models.hf_config import config_to_dict, load_config
 from mathrl_jax.models.qwen import QwenConfig, QwenForCausalLM
-from mathrl_jax.models.safetensors_io import ModelCheckpointError, checkpoint_tensors, write_safetensors
+from mathrl_jax.models.safetensors_io import (
+    ModelCheckpointError,
+    SafetensorsFile,
+    checkpoint_tensors,
+    write_safetensors,
+)
 
 Path = Tuple[str, ...]
 
@@ -102,6 +110,57 @@ def parameter_table(config: QwenConfig) -> Dict[str, TensorSpec]:
     return table
 
 
+# The exponent bits of each floating safetensors dtype, read as unsigned integers: all ones is an inf or a NaN.
+_NON_FINITE_BITS = {
+    "BF16": (np.uint16, 0x7F80),
+    "F16": (np.uint16, 0x7C00),
+    "F32": (np.uint32, 0x7F800000),
+    "F64": (np.uint64, 0x7FF0000000000000),
+}
+_SCAN_CHUNK = 1 << 24  # elements per step of the scan: a bounded temporary, whatever the tensor's size
+_FINITE_FILES: set = set()  # (path, size, mtime) of the files whose every floating tensor this process checked
+
+
+def _file_key(file: SafetensorsFile):
+    stat = os.stat(file.path)
+    return (os.path.realpath(file.path), stat.st_size, stat.st_mtime_ns)
+
+
+def check_finite_tensor(file: SafetensorsFile, name: str) -> None:
+    """Raises `ModelCheckpointError` naming the tensor `name` of `file` when a value of it is NaN or inf.
+
+    Streams over the memory map in chunks (the exponent bits of each value, as integers), so a large tensor needs
+    no copy of itself; integer and bool tensors hold no such value."""
+    entry = file.entries[name]
+    bits = _NON_FINITE_BITS.get(entry.get("dtype"))
+    if bits is None:
+        return
+    unsigned, mask = bits
+    flat = file.get(name).reshape(-1).view(unsigned)
+    count = 0
+    for begin in range(0, flat.size, _SCAN_CHUNK):
+        count += int(np.count_nonzero((flat[begin : begin + _SCAN_CHUNK] & unsigned(mask)) == mask))
+    if count:
+        raise ModelCheckpointError(
+            f"tensor {name!r} in {file.path} holds {count} non-finite value{'s' * (count > 1)} (NaN or inf) of "
+            f"{flat.size}: a model with such a weight computes no finite loss (every update would be skipped)"
+        )
+
+
+def check_finite_checkpoint(directory: str) -> None:
+    """Every floating tensor of the HF checkpoint in `directory` checked finite (`check_finite_tensor`), one tensor
+    at a time; a later `read_tensors` of the same, unchanged files in this process does not check them again."""
+    files = {id(f): f for f in checkpoint_tensors(directory).values()}
+    for file in files.values():
+        key = _file_key(file)
+        if key in _FINITE_FILES:
+            continue
+        for name in file.keys():
+            if not name.endswith(_IGNORED_SUFFIXES):  # derived by the model, never read
+                check_finite_tensor(file, name)
+        _FINITE_FILES.add(key)
+
+
 def _set_path(tree: dict, path: Path, value) -> None:
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
@@ -120,8 +179,8 @@ def read_tensors(
 ) -> dict:
     """Reads every tensor of `table` from a HF checkpoint into a nested pure dict of arrays.
 
-    Raises ModelCheckpointError naming any tensor that is missing, mis-shaped, or in
-    the files but neither in `table` nor ignored.
+    Raises ModelCheckpointError naming any tensor that is missing, mis-shaped, holds a NaN or inf
+    (`check_finite_tensor`), or is in the files but neither in `table` nor ignored.
     """
     located = checkpoint_tensors(directory)
     unexpected = sorted(n for n in located if n not in table and not n.endswith(_IGNORED_SUFFIXES) and not ignore(n))
@@ -138,8 +197,11 @@ def read_tensors(
         )
     dtype = np.dtype(dtype)
     pure: dict = {}
+    checked = {id(f) for f in located.values() if _file_key(f) in _FINITE_FILES}
     for name, spec in table.items():
         array = located[name].get(name)
+        if id(located[name]) not in checked:
+            check_finite_tensor(located[name], name)
         if tuple(array.shape) != spec.shape:
             raise ModelCheckpointError(
                 f"{directory}: tensor {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"

@@ -11,6 +11,7 @@ the `config.json` of a `QwenConfig` back.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Dict
 
@@ -20,8 +21,24 @@ from mathrl_jax.models.qwen import ARCHITECTURES, ConfigError, QwenConfig
 _TRUNK_OF = {"Qwen2ForTokenClassification": "Qwen2ForCausalLM", "Qwen3ForTokenClassification": "Qwen3ForCausalLM"}
 
 
+def _non_finite(value: Any, key: str):
+    """The first `key=value` in `value` (a config.json dict, list or number) that is a NaN or inf float, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key}={value!r}"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        found = _non_finite(item, f"{key}.{name}" if key else str(name))
+        if found:
+            return found
+    return None
+
+
 def config_from_dict(hf: Dict[str, Any], **overrides) -> QwenConfig:
-    """Reads a `config.json` dict (transformers 4 or 5 layout); unsupported features raise."""
+    """Reads a `config.json` dict (transformers 4 or 5 layout); unsupported features raise, and so does a NaN or inf
+    value (JSON's `NaN`, `Infinity`: an `rms_norm_eps` of NaN makes every activation NaN), naming the key."""
+    bad = _non_finite(hf, "")
+    if bad:
+        raise ConfigError(f"config.json has {bad}: expected a finite number")
     architectures = hf.get("architectures") or []
     if architectures:
         architecture = _TRUNK_OF.get(architectures[0], architectures[0])

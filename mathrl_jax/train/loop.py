@@ -8,7 +8,9 @@ One iteration (`train_iteration`: state and host state in, the next ones out):
       ─► update/: the jitted update ─► the source hears of the new weights ─► metrics
 
 `train(config)` builds the run (setup/: every input checked before anything is written), evaluates, iterates,
-checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError` naming it.
+checkpoints and exports. Bad input raises `mathrl_jax.errors.TrainingError` naming it; so does a run that trains
+nothing (`reporting.TrainingWatch`: every update step skipped for a non-finite loss or gradient, or no reward function
+scoring any response), which stops rather than ending with a summary of success.
 """
 
 from __future__ import annotations
@@ -41,7 +43,16 @@ from mathrl_jax.train.rollouts import (
     evaluate_games,
     pending_to_checkpoint,
 )
-from mathrl_jax.train.setup import PENDING_KEY, SHAPES_KEY, RewardFn, Run, RunSettings, build_run, release_run_dir
+from mathrl_jax.train.setup import (
+    PENDING_KEY,
+    SETTINGS_KEY,
+    SHAPES_KEY,
+    RewardFn,
+    Run,
+    RunSettings,
+    build_run,
+    release_run_dir,
+)
 from mathrl_jax.train.state import HostState, TrainState, model_params
 
 
@@ -217,6 +228,8 @@ def save(
     }
     if run.lora_base is not None:
         metadata[LORA_BASE_KEY] = run.lora_base
+    if run.recorded_settings:  # what a resume checks this step against (`setup.SETTINGS_KEY`)
+        metadata[SETTINGS_KEY] = run.recorded_settings
     return run.checkpointer.save(iteration, state, metadata, force=force, arrays=arrays or None)
 
 
@@ -273,6 +286,15 @@ def write_samples(run: Run, iteration: int) -> Optional[str]:
     return path
 
 
+def watch_of(run: Run, say: Callable[[str], None]) -> reporting.TrainingWatch:
+    """The `reporting.TrainingWatch` of `run`: its update steps per iteration and its reward functions."""
+    update = run.batches.settings.update
+    functions = run.rollouts.reward_functions
+    graded = run.rollouts.settings.grade or run.rollouts.reward_fn is not None or run.rollouts.prm is not None
+    names = tuple(functions.names) if functions is not None else ()
+    return reporting.TrainingWatch(update.ppo_epoch * update.num_mini_batch, names, graded, say)
+
+
 def train(
     config,
     *,
@@ -306,6 +328,7 @@ def train(
         disable=not settings.progress,
         desc="RL",
     )
+    watch = watch_of(run, progress.write if settings.progress else distributed.note)
     try:
         if run.start_iteration:
             progress.write(
@@ -346,8 +369,10 @@ def train(
             progress.update(iteration, metrics)
             if on_metrics is not None:
                 on_metrics(iteration, metrics)
+            watch.iteration(iteration, metrics, last)  # a run that trains nothing stops here, before its save
             if run.checkpointer.should_save(iteration) or last:
                 save(run, iteration, state, host, force=last, pending=source.pending(iteration))
+        watch.finish()
         summary["state"] = state
         summary["final_iteration"] = total
         final = run_directory.path(settings.run_dir, run_directory.FINAL_MODEL)

@@ -39,6 +39,11 @@ Guarantees:
   metadata (`_CHECKPOINT_METADATA`) lists them, or an older step has them, is refused as damaged;
   a step saved before checksums were kept (its metadata lists none) is restored only with
   `allow_unverified=True` (with a warning), else an `UnverifiedCheckpointError` naming it.
+- Named by its step: the checksums record the step saved, and a step directory whose name differs (renamed
+  4 -> 9, or copied from another step) is refused, a `MisnamedCheckpointError` naming it (no older step is tried
+  in its place: the directory's name is wrong, not its data).
+- No save skipped silently: a step on the interval that is not newer than the latest intact step
+  (`should_save` false), or a save of a step that exists, is said in a warning naming the step and directory.
 - One line per failed save: a save that fails (a full disk) raises a `CheckpointError` naming
   its own step, its directory and the steps kept, where the failure is met (the next `save`,
   `wait_until_finished` or `close` for a background write); what Orbax's threads log about it
@@ -69,6 +74,7 @@ from mathrl_jax.train.checkpoint._directory import STATE_ITEM
 from mathrl_jax.train.checkpoint._errors import (
     CheckpointError,
     CorruptCheckpointError,
+    MisnamedCheckpointError,
     UnreadableCheckpointError,
     UnverifiedCheckpointError,
 )
@@ -82,6 +88,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DISK_ERRNOS",
     "LORA_BASE_KEY",
+    "MisnamedCheckpointError",
     "STATE_ITEM",
     "TargetMismatchError",
     "UnreadableCheckpointError",

@@ -27,6 +27,7 @@ from mathrl_jax.train.checkpoint._directory import (
 from mathrl_jax.train.checkpoint._errors import (
     CheckpointError,
     CorruptCheckpointError,
+    MisnamedCheckpointError,
     UnreadableCheckpointError,
     UnverifiedCheckpointError,
 )
@@ -77,12 +78,22 @@ class Checkpointer(CheckpointDirectory):
     # ---- steps ----
 
     def should_save(self, step: int) -> bool:
-        """True when `step` is a positive multiple of `save_interval` and newer than the latest saved step."""
+        """True when `step` is a positive multiple of `save_interval` and newer than the latest saved step; a step
+        on the interval that is not newer is said in a warning (its save skipped, never silently)."""
         step = check_step(step)
         if self.save_interval == 0 or step == 0 or step % self.save_interval:
             return False
         intact = [s for s in self.all_steps() if s not in self._corrupt]  # a corrupt step is saved anew
-        return not intact or step > intact[-1]
+        if not intact or step > intact[-1]:
+            return True
+        _log.warning(
+            "checkpoint step %d is not saved: %s already holds step %d (steps %s), saved before this run reached it",
+            step,
+            self.directory,
+            intact[-1],
+            intact,
+        )
+        return False
 
     # ---- save ----
 
@@ -107,7 +118,7 @@ class Checkpointer(CheckpointDirectory):
           arrays: a nested dict of host NumPy arrays (no zero-size array: Orbax refuses them) saved beside the
             state as their own item, with checksums; `restore_arrays` reads them back bit for bit.
 
-        A step that already exists is not overwritten (returns False). A step older
+        A step that already exists is not overwritten (returns False, with a warning). A step older
         than the latest saved one is an error: restore that step first, or use
         another directory.
 
@@ -135,14 +146,14 @@ class Checkpointer(CheckpointDirectory):
         self._remove_corrupt_steps()
         steps = self.all_steps()
         if step in steps:
-            _log.info("checkpoint step %d already exists in %s; not saved again", step, self.directory)
+            _log.warning("checkpoint step %d already exists in %s; not saved again", step, self.directory)
             return False
         if steps and step < steps[-1]:
             raise CheckpointError(
                 f"cannot save step {step} in {self.directory}: it already holds the newer step {steps[-1]} "
                 f"(steps {steps}); resume from the latest step or use another directory"
             )
-        recorded = {"leaves": checksums, "metadata_sha256": _json_sha256(metadata)}
+        recorded = {"leaves": checksums, "metadata_sha256": _json_sha256(metadata), "step": step}
         items = {
             STATE_ITEM: ocp.args.StandardSave(state),
             METADATA_ITEM: ocp.args.JsonSave(json.loads(json.dumps(dict(metadata)))),
@@ -214,6 +225,8 @@ class Checkpointer(CheckpointDirectory):
             verification (the steps and leaves are named).
           UnverifiedCheckpointError: the step to restore was saved before checksums were kept, and
             `allow_unverified` is false (no older step is tried in its place).
+          MisnamedCheckpointError: the step to restore was saved as another step (its directory renamed or
+            copied; no older step is tried in its place).
         """
         self._check_open()
         if step is not None:
@@ -383,9 +396,15 @@ class Checkpointer(CheckpointDirectory):
             args = ocp.args.Composite(**{CHECKSUMS_ITEM: ocp.args.JsonRestore()})
             saved = self._manager.restore(step, args=args)[CHECKSUMS_ITEM]
             leaves = {name: (jnp.dtype(entry["dtype"]), entry["checksum"]) for name, entry in saved["leaves"].items()}
-            return leaves, str(saved["metadata_sha256"])
+            sha256, saved_as = str(saved["metadata_sha256"]), saved.get("step")  # no "step": saved before it was kept
         except Exception as e:  # noqa: BLE001  unreadable JSON, a missing field: the step cannot be trusted
             raise CorruptCheckpointError(f"cannot read the checksums of checkpoint {where}: {e}") from e
+        if saved_as is not None and saved_as != step:
+            raise MisnamedCheckpointError(
+                f"checkpoint {where} was saved as step {saved_as}, not {step}: its directory was renamed or copied "
+                f"from another step; rename it back to {saved_as} or move it out of {self.directory}"
+            )
+        return leaves, sha256
 
 
 def _json_sha256(value: Any) -> str:

@@ -32,3 +32,9 @@ class UnverifiedCheckpointError(CheckpointError):
 
     def __str__(self) -> str:
         return f"{self.reason}; it is restored only with {self.setting}"
+
+
+class MisnamedCheckpointError(CheckpointError):
+    """A step directory whose checksums record another step than its name (a directory renamed, 4 -> 9, or copied
+    from another step): restoring it would resume at the wrong step and skip the saves up to its name. Not a
+    damaged step: no older step is tried in its place."""

@@ -4,7 +4,7 @@ figures (reward spread, lengths, memory, completion tables), the metric names an
 
 Behind the door: `_metrics` (the logger and its sinks), `_dashboard` (the rewards' spread, lengths, memory and the
 completion table, from an iteration's batch), `_names` (every metric's name and meaning), `_wandb`
-(the wandb sink), `_progress` (the progress display).
+(the wandb sink), `_progress` (the progress display), `_watch` (a run that trains nothing stops, naming why).
 """
 
 from mathrl_jax.train.reporting._dashboard import (
@@ -28,13 +28,17 @@ from mathrl_jax.train.reporting._metrics import (
 )
 from mathrl_jax.train.reporting._names import METRIC_NAMES, documented_name
 from mathrl_jax.train.reporting._progress import Progress
+from mathrl_jax.train.reporting._watch import NOTHING_TRAINED_PATIENCE, NothingTrainedError, TrainingWatch
 
 __all__ = [
     "METRIC_NAMES",
     "MetricsLogger",
+    "NOTHING_TRAINED_PATIENCE",
+    "NothingTrainedError",
     "Progress",
     "REPORT_TO",
     "RESERVED_KEYS",
+    "TrainingWatch",
     "completion_rows",
     "completion_table",
     "device_memory_metrics",

@@ -9,6 +9,7 @@ RunSettings), `_run_lock` (one process per run directory), `_help` (--help, from
 
 from mathrl_jax.train.setup._build import PENDING_KEY, SHAPES_KEY, build_run
 from mathrl_jax.train.setup._help import format_help
+from mathrl_jax.train.setup._resume import SETTINGS_KEY
 from mathrl_jax.train.setup._run import RewardFn, Run, RunSettings
 from mathrl_jax.train.setup._run_lock import release_run_dir
 from mathrl_jax.train.setup._validation import validate_config, validate_settings
@@ -18,6 +19,7 @@ __all__ = [
     "RewardFn",
     "Run",
     "RunSettings",
+    "SETTINGS_KEY",
     "SHAPES_KEY",
     "build_run",
     "format_help",

@@ -23,6 +23,7 @@ from mathrl_jax.rewards.countdown_grader import CountdownGrader
 from mathrl_jax.rewards.math_grader import MathGrader, RewardValues
 from mathrl_jax.rewards.serial_grader import SerialGrader
 from mathrl_jax.sharding import distributed
+from mathrl_jax.sharding.rules import path_string
 from mathrl_jax.train import rollouts, run_directory
 from mathrl_jax.train import state as state_lib
 from mathrl_jax.train import update as update_lib
@@ -42,6 +43,12 @@ from mathrl_jax.train.rollouts import (
     pending_from_checkpoint,
 )
 from mathrl_jax.train.setup._inputs import CheckedInputs, check_inputs
+from mathrl_jax.train.setup._resume import (
+    SETTINGS_KEY,
+    check_recorded_settings,
+    check_recorded_step,
+    recorded_settings,
+)
 from mathrl_jax.train.setup._run import RewardFn, Run
 from mathrl_jax.train.setup._run_lock import acquire_run_dir, release_run_dir
 from mathrl_jax.train.setup._samplers import make_sampler
@@ -142,6 +149,7 @@ def build_run(config, reward_fn: Optional[RewardFn] = None, reward_functions=Non
         pending_rollouts=pending,
         host=host,
         lora_base=base_record,
+        recorded_settings=recorded_settings(config),
     )
 
 
@@ -197,7 +205,13 @@ def _restored(config, state, checkpointer: Checkpointer, loader, base_record):
     except UnverifiedCheckpointError as error:
         error.setting = "--config.resume_allow_unverified=True"
         fail(f"{error} (or start over: --config.resume=False, or another --config.run_dir)")
-    check_lora_base(metadata.get(LORA_BASE_KEY), base_record, checkpointer.restored_step)
+    step = checkpointer.restored_step
+    where = os.path.join(checkpointer.directory, str(step))
+    check_lora_base(metadata.get(LORA_BASE_KEY), base_record, step)
+    # The step restored (an older one when the newer fail verification): this run's, and the iteration it names
+    check_recorded_step(metadata, step, where)
+    check_recorded_settings(config, metadata.get(SETTINGS_KEY), where)
+    check_finite_state(state, where)
     loader.restore(metadata["data"])
     records = metadata.get(PENDING_KEY) or []  # an asynchronous run's batches made ahead, and their arrays
     arrays = checkpointer.restore_arrays(checkpointer.restored_step) if records else {}
@@ -205,6 +219,25 @@ def _restored(config, state, checkpointer: Checkpointer, loader, base_record):
     # The batch shapes the run had grown to: a resumed run pads and packs as the uninterrupted one.
     host = state_lib.HostState(shape_floors=dict(metadata.get(SHAPES_KEY) or {}))
     return state, int(metadata["iteration"]), pending, host
+
+
+def check_finite_state(state, where: str) -> None:
+    """Refuses a restored state whose weights (the policy's, the critic's) hold a NaN or inf, naming the first such
+    leaf: every loss would be non-finite and every update skipped. One reduction per leaf, on its device."""
+    weights = {"params": state.params, "critic_params": state.critic_params}
+    finite = jax.device_get(
+        jax.jit(lambda tree: jax.tree.map(lambda x: jnp.isfinite(x).all(), tree))(
+            jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(()), weights)
+        )
+    )
+    bad = [path_string(path) for path, ok in jax.tree_util.tree_flatten_with_path(finite)[0] if not bool(ok)]
+    if bad:
+        fail(
+            f"checkpoint {where} holds non-finite weights (NaN or inf) in {bad[0]}"
+            + (f" and {len(bad) - 1} more leaves" if len(bad) > 1 else "")
+            + ": every update would be skipped; resume from an earlier step (move this one out of the checkpoints "
+            "directory) or start over with --config.resume=False"
+        )
 
 
 def _batch_maker(config, trainer: Trainer, codec: TextCodec) -> BatchMaker:

@@ -160,6 +160,10 @@ def _check_model_path(config):
             model_config = hf_config.load_config(path)
         except (qwen.ConfigError, OSError, ValueError) as error:
             fail(f"model_name_or_path {path!r}: {error}")
+        try:  # a NaN or inf weight would skip every update: refused here, naming the tensor, before any write
+            hf.check_finite_checkpoint(path)
+        except hf.ModelCheckpointError as error:
+            fail(f"model_name_or_path {path!r}: {error}")
         longest = config.max_prompt_length + config.max_new_tokens
         if not config.env_name and longest > model_config.max_position_embeddings:
             fail(

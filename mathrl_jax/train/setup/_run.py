@@ -78,6 +78,7 @@ class Run:
     pending_rollouts: List[Any] = dataclasses.field(default_factory=list)  # resumed async batches (`Collected`)
     host: state_lib.HostState = state_lib.HostState()  # the data position and batch shapes it starts from
     lora_base: Optional[Dict[str, str]] = None  # a LoRA run's base: path and hash, in each checkpoint
+    recorded_settings: Dict[str, Any] = dataclasses.field(default_factory=dict)  # in each checkpoint (`SETTINGS_KEY`)
     # The second held-out set (arithmetic.eval_digits, countdown.eval_count), beside the first as eval_hard/*; [] = none
     hard_eval_prompts: List[List[int]] = dataclasses.field(default_factory=list)
     hard_eval_golds: List[str] = dataclasses.field(default_factory=list)
