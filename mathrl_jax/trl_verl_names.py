@@ -219,7 +219,8 @@ def _boolean_keys() -> frozenset:
 
 
 def _same_value(a: str, b: str) -> bool:
-    """Whether two command-line values are one value: as Python literals (`1e-5` is `0.00001`), else as text."""
+    """Whether two command-line values are one value: as Python literals of one type (`1e-5` is `0.00001`; `1` is
+    not `1.0`, nor `True`), else as text."""
     import ast
 
     def parsed(text: str):
@@ -228,7 +229,8 @@ def _same_value(a: str, b: str) -> bool:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return text
 
-    return a == b or parsed(a) == parsed(b)
+    left, right = parsed(a), parsed(b)
+    return a == b or (type(left) is type(right) and left == right)
 
 
 def expand_flagfiles(argv: Sequence[str]) -> list[str]:

@@ -58,6 +58,9 @@ def test_one_value_written_two_ways_under_two_names_is_taken(argv):
     [
         (["t", "--config.learning_rate", "1e-5", "--config.lr=0.001"], "--config.learning_rate 1e-5 and --config.lr"),
         (["t", "--config.lr", "0.001", "--config.learning_rate=1e-5"], "--config.lr 0.001 and --config.learning_rate"),
+        # Found in review: literals of other types are other values (True is not 1, 1 is not 1.0).
+        (["t", "--config.beta=True", "--config.kl_coef=1"], "--config.beta=True and --config.kl_coef"),
+        (["t", "--config.beta=1", "--config.kl_coef=1.0"], "--config.beta=1 and --config.kl_coef"),
     ],
 )
 def test_the_space_form_is_seen_by_the_conflict_check(argv, message):

@@ -23,6 +23,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -75,6 +76,14 @@ def remount_then_chmod():
         raise OSError(code, os.strerror(code))
     os.chmod(F, 0o4777)
 
+def mount_setattr_then_chmod():
+    class MountAttr(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+
+    attr = MountAttr(0, 0x1, 0, 0)  # clear MOUNT_ATTR_RDONLY
+    raw(442, AT_FDCWD, MOUNT.encode(), ctypes.c_uint(0x8000), ctypes.byref(attr), ctypes.c_size_t(32))
+    os.chmod(F, 0o4777)
+
 def new_user_namespace_by_clone():
     pid = libc.syscall(56, ctypes.c_ulong(0x10000000 | 17), 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
     if pid == 0:
@@ -107,6 +116,7 @@ attempts = dict(
     ),
     file_setattr=lambda: raw(469, AT_FDCWD, F.encode(), ctypes.byref(immutable), 24, 0),
     remount_then_chmod=remount_then_chmod,
+    mount_setattr_then_chmod=mount_setattr_then_chmod,
     world_writable_times=lambda: os.utime(W, None),
     user_namespace=new_user_namespace,
     user_namespace_by_clone=new_user_namespace_by_clone,
@@ -125,7 +135,7 @@ world-writable one, `D` their directory, `C` a file of a cgroup directory, `MOUN
 METADATA = {
     "chmod_setuid", "chmod_directory", "fchmod", "fchmodat2", "chown", "lchown_directory", "utime",
     "setxattr_user", "removexattr", "file_capability", "setxattrat", "chattr_immutable", "chattr_high_bits",
-    "file_setattr", "remount_then_chmod", "world_writable_times", "cgroup_chmod", "dev_null_times",
+    "file_setattr", "remount_then_chmod", "mount_setattr_then_chmod", "world_writable_times", "cgroup_chmod", "dev_null_times",
 }  # fmt: skip
 NAMESPACES = {"user_namespace", "user_namespace_by_clone"}
 
@@ -239,8 +249,9 @@ LAYER_CASES = [
     # (utime to "now" needs only write access): seccomp is needed with it for those.
     _case("no-namespaces-without-seccomp", _NO_NS, ("seccomp",), NO_NAMESPACES, {"world_writable_times"}),
     # Each layer alone, to say which pairs are needed: seccomp holds alone; the uid alone loses the times of
-    # world-writable files; read-only mounts hold alone while Landlock refuses the program any mount change,
-    # and lose to a root (of the user namespace) that remounts them read-write where Landlock is off too.
+    # world-writable files; read-only mounts hold alone because the program keeping the caller's uid (the root of
+    # a user namespace) has no capability left to remount them or clear their flag (`mount_setattr`, which
+    # Landlock does not govern: found in review), with Landlock or without.
     _case("namespaces-seccomp-alone", _NS, ("unprivileged_uid", "read_only_roots"), AVAILABLE),
     _case("namespaces-uid-alone", _NS, ("seccomp", "read_only_roots"), AVAILABLE, {"world_writable_times"}),
     _case("namespaces-read-only-roots-alone", _NS, ("seccomp", "unprivileged_uid"), AVAILABLE),
@@ -249,7 +260,6 @@ LAYER_CASES = [
         _NS,
         ("seccomp", "unprivileged_uid", "landlock_abi"),
         AVAILABLE,
-        {"remount_then_chmod", "world_writable_times"},  # the latter through the mount made read-write
     ),
 ]
 
@@ -271,15 +281,15 @@ def test_with_a_layer_removed_the_others_hold(base, removed, gaps, victims):
 
 @pytest.mark.skipif(_NS is not None, reason=_NS or "")
 def test_the_metadata_attacks_are_real(victims):
-    """With all three layers off (a namespaced run as it was before issue 60: root in a user namespace mapped
-    to the host's root, writable bind mounts, no metadata filter) the same program gives the victim the set-user-ID
-    bit and a `cap_setuid` file capability: the tests above attack for real."""
+    """With all three layers off (a namespaced run as before issue 60: root of a user namespace mapped to the
+    host's root, over writable bind mounts, no metadata filter; only its capabilities dropped, which keep it from
+    `security.capability`) the same program still owns the host's files and gives the victim the set-user-ID bit:
+    the tests above attack for real."""
     placeholders, _ = victims
     isolation = _without(AVAILABLE, "seccomp", "unprivileged_uid", "read_only_roots")
     result, gained, changed = _attack(isolation, victims, touch_dev_null=False)
-    assert {"chmod_setuid", "file_capability", "utime", "removexattr"} <= gained, result.stdout
-    assert placeholders["file"] in changed
-    assert "security.capability" in os.listxattr(placeholders["file"])  # on the host's file, for any user to run
+    assert {"chmod_setuid", "utime", "removexattr", "cgroup_chmod"} <= gained, result.stdout
+    assert placeholders["file"] in changed and os.stat(placeholders["file"]).st_mode & stat.S_ISUID
 
 
 @pytest.mark.skipif(_NS is not None, reason=_NS or "")
@@ -297,40 +307,39 @@ def test_a_set_user_id_program_gains_nothing(victims):
         assert result.ok and result.stdout.split() == [str(privileges.SANDBOX_ID)], (isolation.name, result)
 
 
-ROOT_UNDER_THE_HOOK_ALONE = dataclasses.replace(
-    NO_NAMESPACES, landlock_abi=0, seccomp=False, unprivileged_uid=False, pids_cgroup=False, memory_cgroup=False
-)
-"""No layer but the audit hook (opted in): the program is the caller, root, with `CAP_LINUX_IMMUTABLE`."""
-IMMUTABLE_FILE = HOOK_OFF + (
-    "import os, fcntl, struct\nopen('kept', 'w').write('data')\nfd = os.open('kept', os.O_RDONLY)\n"
-    "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(os.getcwd())"
-)
-"""`chattr +i` on a file the program wrote in its working directory; prints the directory."""
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root holds CAP_LINUX_IMMUTABLE")
-def test_an_immutable_file_in_the_working_directory_leaves_nothing_behind():
-    """Without the uid and seccomp layers (the audit hook alone, opted in), root's program marks a file of its
-    working directory immutable (`chattr +i`). The run's directory on the host is still removed: before,
-    `rmtree(ignore_errors=True)` left it, data and all, and the run said "ok"."""
-    result = run_python(IMMUTABLE_FILE, LIMITS, isolation=ROOT_UNDER_THE_HOOK_ALONE)
-    workdir = result.stdout.splitlines()[-1]
-    assert workdir.endswith("/work") and result.status == "ok", result
-    assert not os.path.exists(os.path.dirname(workdir))
+def test_an_immutable_file_in_the_run_directory_leaves_nothing_behind(tmp_path):
+    """No layer lets a program mark a file immutable any more (no `CAP_LINUX_IMMUTABLE` in any mode, the ioctls
+    refused), but the run's directory is the host's: an immutable file and an append-only directory in it, as
+    root's program could make before, are removed with it, not left with their data while the run says "ok"."""
+    base = tmp_path / "mathrl_sandbox_run"
+    (base / "work" / "sub").mkdir(parents=True)
+    for path in (base / "work" / "kept", base / "work" / "sub" / "kept"):
+        path.write_text("data")
+    fd = os.open(base / "work" / "kept", os.O_RDONLY)
+    fcntl.ioctl(fd, 0x40086602, struct.pack("i", 0x10))  # FS_IOC_SETFLAGS: immutable
+    os.close(fd)
+    fd = os.open(base / "work" / "sub", os.O_RDONLY)
+    fcntl.ioctl(fd, 0x40086602, struct.pack("i", 0x20))  # append-only
+    os.close(fd)
+    assert cleanup.remove_tree(str(base)) == "" and not base.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root holds CAP_LINUX_IMMUTABLE")
 def test_a_cleanup_that_fails_is_reported_not_ok(monkeypatch):
-    """If the run's directory cannot be removed (the flag clearing disabled here), the result says so: status
-    "sandbox_error", the directory named; never "ok" over data left on the host."""
-    monkeypatch.setattr(cleanup, "clear_inode_flags", lambda path: None)
-    result = run_python(IMMUTABLE_FILE, LIMITS, isolation=ROOT_UNDER_THE_HOOK_ALONE)
-    base = os.path.dirname(result.stdout.splitlines()[-1])
-    try:
-        assert result.status == "sandbox_error" and f"{base} could not be removed" in result.stderr, result
-    finally:
-        monkeypatch.undo()
-        assert cleanup.remove_tree(base) == ""
+    """If the run's directory cannot be removed, the result says so: status "sandbox_error", the directory named;
+    never "ok" over data left on the host."""
+    from mathrl_jax.envs.sandbox import host
+
+    left = []
+
+    def fails(path):
+        left.append(path)
+        cleanup.remove_tree(path)
+        return "1 entries left (kept: Operation not permitted)"
+
+    monkeypatch.setattr(host, "remove_tree", fails)
+    result = run_python("print('done')", LIMITS)
+    assert result.status == "sandbox_error" and f"{left[0]} could not be removed: 1 entries left" in result.stderr
 
 
 def test_the_seccomp_filter_refuses_every_call_libseccomp_cannot_name():
@@ -409,3 +418,68 @@ def test_the_remount_fallback_makes_every_bind_read_only(tmp_path, user_namespac
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:4] == ["write 30", "chmod 30", "submount-write 30", "submount-chmod 30"], run.stdout
     assert stat.S_IMODE((source / "existing").stat().st_mode) == 0o644
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
+    reason="needs root, setpriv and a system python3 to run the cleanup as another user",
+)
+def test_a_directory_the_program_made_unreadable_is_removed_by_a_non_root_host():
+    """A non-root caller's run (no uid to drop to): the program makes `d` with mode 0300 (no read bit) and writes
+    a file in it. The host, the same non-root user, cannot list `d`: `remove_tree` opens it up and removes it.
+    Before (found in review), rmtree's retry called `os.open` without flags: a TypeError out of `run_python`."""
+    owner = 65534
+    scratch = tempfile.mkdtemp(prefix="mathrl_cleanup_test_")  # pytest's tmp_path is root's alone (0700)
+    os.chmod(scratch, 0o777)
+    shutil.copy(cleanup.__file__, os.path.join(scratch, "cleanup.py"))
+    base = os.path.join(scratch, "run")
+    script = (
+        "import os, sys\nsys.path.insert(0, sys.argv[1])\nimport cleanup\n"
+        "os.makedirs(sys.argv[2] + '/work/d/e')\nopen(sys.argv[2] + '/work/d/e/x', 'w').write('data')\n"
+        "os.chmod(sys.argv[2] + '/work/d/e', 0o300)\nos.chmod(sys.argv[2] + '/work/d', 0o300)\n"
+        "print(repr(cleanup.remove_tree(sys.argv[2])), os.path.exists(sys.argv[2]))"
+    )
+    command = ["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups", "/usr/bin/python3", "-I", "-c"]
+    try:
+        run = subprocess.run([*command, script, scratch, base], capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(scratch)
+    assert run.returncode == 0 and run.stdout.split() == ["''", "False"], (run.stdout, run.stderr[-800:])
+
+
+CAPABILITIES = "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+
+
+@pytest.mark.skipif(_NS is not None, reason=_NS or "")
+def test_a_callers_umask_does_not_close_the_private_root_to_the_programs_uid():
+    """Found in review: under a caller's umask 027 the private root's directories were made 0750, closed to the
+    program's uid, which then kept CAP_DAC_READ_SEARCH to reach its interpreter (and read root's 0600 files).
+    The supervisor makes them with umask 022: no capability is kept, whatever the caller's umask."""
+    previous = os.umask(0o027)
+    try:
+        result = run_python(CAPABILITIES, LIMITS, isolation=AVAILABLE)
+    finally:
+        os.umask(previous)
+    assert result.ok and result.stdout.split() == ["0000000000000000"], result
+
+
+@pytest.mark.parametrize("isolation", CONTAINED_MODES)
+def test_a_program_keeping_the_callers_uid_has_no_capability(isolation):
+    """Without the uid layer (a non-root caller's user namespace; here the same namespaces as root), the program's
+    capabilities are dropped: none to clear its mounts' read-only flag with `mount_setattr` (found in review),
+    none over files it does not own."""
+    result = run_python(CAPABILITIES, LIMITS, isolation=_without(isolation, "unprivileged_uid"))
+    assert result.ok and result.stdout.split() == ["0000000000000000"], result
+
+
+@pytest.mark.skipif(not AVAILABLE.seccomp, reason="no libseccomp here")
+def test_the_parent_death_signal_cannot_be_cleared_through_the_upper_bits():
+    """Found in review: the kernel reads prctl's option as 32 bits, and the filter compared 64: `prctl(1 | 1 << 32,
+    0)` cleared the parent-death signal where processes are refused. The filter compares the low 32 bits."""
+    code = HOOK_OFF + (
+        "libc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+        "print(libc.syscall(157, ctypes.c_ulong(0x100000001), 0, 0, 0, 0), ctypes.get_errno())\n"
+        "signal = ctypes.c_int(-1)\nlibc.prctl(2, ctypes.byref(signal))\nprint(signal.value)"  # PR_GET_PDEATHSIG
+    )
+    result = run_python(code, LIMITS, isolation=NO_NAMESPACES)
+    assert result.stdout.split()[1:] == ["-1", "1", "9"], result  # refused (EPERM), SIGKILL still set

@@ -231,6 +231,10 @@ BAD_GENERATIONS = {
         lambda v: json.dumps(answer(logprobs=padded([-0.25], 3), version=v)).replace("-0.25", "-1e999").encode(),
         r"choice 0's log-probs not finite and <= 0: \[-inf\]",
     ),
+    "an integer log-prob past a float": (  # found in review: an OverflowError, a traceback
+        lambda v: json.dumps(answer(logprobs=padded([-0.25], 3), version=v)).replace("-0.25", "1" + "0" * 400).encode(),
+        r"choice 0's log-probs not finite and <= 0: \[inf\]",
+    ),
     "a NaN log-prob": (  # not JSON
         lambda v: answer(logprobs=padded([float("nan")], 3), version=v),
         r"with something other than JSON: '\{\"request_id\": \"x\", \"choices\": \[\{\"index\": 0",

@@ -14,8 +14,8 @@ Layers, each used where the machine offers it (`detect_isolation`):
 - bounded capture (always): at most `max_output_bytes` of stdout and of stderr are
   kept; more ends the run ("output_limit").
 - namespaces (`unshare`): fresh pid, net, mount, ipc, uts and cgroup namespaces (and a
-  user namespace whose root is the caller, where the caller is not root). No network but a down loopback; `/proc` shows only the sandbox's
-  processes; everything dies with the namespace's first process; the file system is
+  user namespace whose root is the caller, where the caller is not root). No network but a
+  down loopback; `/proc` shows only the sandbox's processes; everything dies with the namespace's first process; the file system is
   a private root (`pivot_root`) holding only the readable roots (bind mounts) and a
   tmpfs working directory of `disk_bytes`: no host path outside them exists in there,
   so no host pathname UNIX socket can be named (Landlock does not govern `connect`

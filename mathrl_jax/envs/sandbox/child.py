@@ -9,9 +9,9 @@ hook, then `exec(code)`.
 
 Only the standard library is imported here: `subprocess` (and with it `_posixsubprocess`,
 which forks without an audit event) must never be loaded on this side. The child-side
-siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`, `privileges.py`, `seccomp.py`) are loaded by
-path: `python -I` puts no script directory on `sys.path`, and importing the package would
-load the host side too.
+siblings (`audit.py`, `extension_guard.py`, `landlock.py`, `private_root.py`, `privileges.py`,
+`seccomp.py`) are loaded by path: `python -I` puts no script directory on `sys.path`, and
+importing the package would load the host side too.
 """
 
 from __future__ import annotations
@@ -184,6 +184,8 @@ def _worker(config: dict[str, Any], report_fd: int, supervisor: int) -> None:
         if config["unprivileged_id"] is not None:
             # First: a change of credentials clears the parent-death signal set below.
             privileges.drop_privileges(config["unprivileged_id"], config["read_roots"])
+        else:  # the caller's uid (the root of a user namespace, say): without its capabilities
+            privileges.drop_capabilities()
         _die_with_parent(supervisor)
         os.chdir(workdir)
         privileges.set_no_new_privs()  # also where neither Landlock nor seccomp runs (they set it too)
@@ -285,6 +287,9 @@ def _supervise(config_path: str) -> None:
     status_fd = config["status_fd"]
     events: list[dict[str, Any]] = []
     workdir = config["workdir"]
+    # The private root's directories are made here: never with the caller's umask (027 would close them to the
+    # program's uid, which would then keep CAP_DAC_READ_SEARCH to read its own interpreter, or fail to start).
+    os.umask(0o022)
     if config["namespaces"]:
         try:
             private_root.enter_private_root(config, audit.DEVICES, audit.DEVICE_LINKS)
@@ -343,6 +348,7 @@ def _supervise(config_path: str) -> None:
 def _probe_private_root(base: str, read_roots: list[str]) -> None:
     """`child.py --probe-root BASE ROOTS` (under `unshare`, from `isolation.detect_isolation`): builds a private
     root as a run would, in BASE; exits 0 when it could, 1 otherwise."""
+    os.umask(0o022)
     try:
         private_root.enter_private_root(
             {"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20,

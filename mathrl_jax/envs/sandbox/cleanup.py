@@ -41,29 +41,31 @@ def clear_inode_flags(path: str) -> None:
 
 def remove_tree(path: str) -> str:
     """Removes the directory `path` and everything in it; returns "" when it is gone, else what stayed (the
-    first failure and how many entries are left)."""
+    first failure and how many entries are left). Never raises for what the tree holds."""
     failures = []
     inside = path.rstrip("/") + "/"
 
-    def retry(function, failed_path, _exc_info):
-        # Only `path` and what lies in it are touched: never the directory that holds `path` (/tmp, say).
-        candidates = [c for c in (failed_path, os.path.dirname(failed_path)) if c == path or c.startswith(inside)]
-        for candidate in candidates:
-            clear_inode_flags(candidate)
-            try:
-                os.chmod(candidate, stat.S_IRWXU, follow_symlinks=False)
-            except (OSError, NotImplementedError):
-                pass
-        try:
-            function(failed_path)
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            failures.append(f"{failed_path}: {error.strerror or error}")
+    def unlock(_function, failed_path, _exc_info):
+        # Only `path` and what lies in it are touched: never the directory that holds `path` (/tmp, say). A
+        # directory the program made unreadable (mode 0300) or immutable is opened up for the second pass.
+        for candidate in (failed_path, os.path.dirname(failed_path)):
+            if candidate == path or candidate.startswith(inside):
+                clear_inode_flags(candidate)
+                try:
+                    os.chmod(candidate, stat.S_IRWXU, follow_symlinks=False)
+                except (OSError, NotImplementedError):
+                    pass
 
-    if not os.path.lexists(path):
-        return ""
-    shutil.rmtree(path, onerror=retry)
+    def record(_function, failed_path, exc_info):
+        failures.append(f"{failed_path}: {getattr(exc_info[1], 'strerror', None) or exc_info[1]}")
+
+    for handler in (unlock, unlock, record):  # a locked directory inside a locked one takes a pass of its own
+        if not os.path.lexists(path):
+            return ""
+        try:
+            shutil.rmtree(path, onerror=handler)
+        except Exception as error:  # noqa: BLE001 - reported, never raised at the caller of a sandboxed run
+            failures.append(f"{path}: {error}")
     if not os.path.lexists(path):
         return ""
     left = sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))

@@ -8,9 +8,12 @@ of Python, and the host's `nobody` then ran it and became root (issue 60). Here 
 `SANDBOX_ID` as its real, effective and saved uid and gid, with no supplementary groups and no capabilities,
 so it owns no host file and may change none, whatever else fails.
 
-One capability may stay: `CAP_DAC_READ_SEARCH` (read and search any directory, nothing else), and only where
-the interpreter's own files are out of reach of other users (a Python under `/root`, mode 0700): without it
-the program could not import its standard library. Landlock still bounds what it reads to the readable roots.
+One capability may stay: `CAP_DAC_READ_SEARCH`, and only where the interpreter's own files are out of reach of
+other users (a Python under `/root`, mode 0700, without namespaces): without it the program could not import its
+standard library. It passes every read and search permission check, of files too (root's 0600 files in `/etc`:
+as the caller, root, read them before): Landlock still bounds what it reads to the readable roots, and it grants
+no write and no metadata change. Where the program keeps the caller's uid, it keeps no capability at all
+(`drop_capabilities`).
 
 `no_new_privs` is set always: an `exec` then never gains privileges from a set-user-ID bit or a file
 capability (Landlock and libseccomp set it too, where they run).
@@ -32,10 +35,15 @@ Landlock's scopes and the seccomp filter) keeps runs from reaching each other's 
 CAP_DAC_READ_SEARCH = 2
 CAP_SETGID = 6
 CAP_SETUID = 7
+CAP_SETPCAP = 8
 CAP_SYS_ADMIN = 21
 _PR_SET_KEEPCAPS = 8
 _PR_SET_DUMPABLE = 4
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECUREBITS = 28
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SECBIT_NOROOT_AND_LOCKED = 0b11  # SECBIT_NOROOT | SECBIT_NOROOT_LOCKED: uid 0 gains nothing by exec
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -92,11 +100,26 @@ def set_no_new_privs() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def drop_privileges(identity: int, read_roots: list[str]) -> None:
-    """Makes this process `identity` (real, effective and saved uid and gid; no supplementary groups) with no
-    capabilities, or with `CAP_DAC_READ_SEARCH` alone where `read_roots` are out of other users' reach (see
-    the module docstring). Raises OSError if the kernel refuses any step or the result is not exactly that:
-    the caller must then not run the program."""
+def drop_capabilities() -> None:
+    """Empties this process's capability sets (effective, permitted, inheritable, ambient), where the program keeps
+    the caller's uid (no `SANDBOX_ID` to drop to: a non-root caller's user namespace, whose root would otherwise
+    hold every capability there; a root caller without `CAP_SETUID`). Found in review: the root of a user
+    namespace cleared the read-only flag of its private root's bind mounts with `mount_setattr`, which Landlock
+    does not govern. Where it may (`CAP_SETPCAP`), also `SECBIT_NOROOT`, locked: an exec as uid 0 gains no
+    capability (`no_new_privs` already keeps it to none). Raises OSError if the capabilities stay."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if has_capability(CAP_SETPCAP):
+        libc.prctl(_PR_SET_SECUREBITS, _SECBIT_NOROOT_AND_LOCKED, 0, 0, 0)  # a kernel that refuses: NNP holds
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    _set_capabilities(0)
+    if effective_capabilities() != 0:
+        raise OSError(f"capabilities after the drop are {effective_capabilities():#x}, expected none")
+
+
+def _set_capabilities(keep: int) -> None:
+    """capset(2): effective and permitted `keep`, inheritable none (of the first 32 capabilities; the rest none)."""
     import ctypes
 
     class CapHeader(ctypes.Structure):
@@ -104,6 +127,19 @@ def drop_privileges(identity: int, read_roots: list[str]) -> None:
 
     class CapData(ctypes.Structure):
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    data = (CapData * 2)(CapData(keep, keep, 0), CapData(0, 0, 0))
+    if libc.capset(ctypes.byref(CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def drop_privileges(identity: int, read_roots: list[str]) -> None:
+    """Makes this process `identity` (real, effective and saved uid and gid; no supplementary groups) with no
+    capabilities, or with `CAP_DAC_READ_SEARCH` alone where `read_roots` are out of other users' reach (see
+    the module docstring). Raises OSError if the kernel refuses any step or the result is not exactly that:
+    the caller must then not run the program."""
+    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     keep = 1 << CAP_DAC_READ_SEARCH if not all(others_can_read(r) for r in read_roots if os.path.exists(r)) else 0
@@ -123,10 +159,9 @@ def drop_privileges(identity: int, read_roots: list[str]) -> None:
     os.setresgid(identity, identity, identity)
     os.setresuid(identity, identity, identity)  # clears every effective capability (and, without KEEPCAPS, all)
     if keep:
-        data = (CapData * 2)(CapData(keep, keep, 0), CapData(0, 0, 0))
-        if libc.capset(ctypes.byref(CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
-            raise OSError(ctypes.get_errno(), "capset")
-        libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0)
+        _set_capabilities(keep)
+        if libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS, 0)")
     # A change of credentials makes the process non-dumpable, and its /proc/<pid> root's: the program
     # could no longer read its own /proc entries. Other processes of the same uid are kept away by the
     # pid namespace, or by Landlock and seccomp (no ptrace in any mode).

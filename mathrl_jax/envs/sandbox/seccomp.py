@@ -76,7 +76,8 @@ KERNEL_SURFACE = (
     "open_by_handle_at", "name_to_handle_at", "mount", "umount2", "pivot_root", "chroot", "setns", "unshare",
     "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
-    "swapoff", "acct", "quotactl", "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex",
     "sethostname", "setdomainname", "iopl", "ioperm", "vhangup", "uselib", "lookup_dcookie", "personality",
 )  # fmt: skip
 """Refused (EPERM) in every mode: what a program computing an answer never needs."""
@@ -90,8 +91,9 @@ FILE_METADATA = (
 times of any file, the working directory's included (a program computing an answer needs none of them;
 `shutil.copy`'s mode copy then fails, `Path.touch` still creates a file)."""
 
-METADATA_IOCTLS = (0x40086602, 0x40046602, 0x401C5820)
-"""`FS_IOC_SETFLAGS`, `FS_IOC32_SETFLAGS` (`chattr +i`, `+a`) and `FS_IOC_FSSETXATTR` (the same flags as xflags):
+METADATA_IOCTLS = (0x40086602, 0x40046602, 0x401C5820, 0x40087602, 0x40047602, 0x4008941A)
+"""`FS_IOC_SETFLAGS`, `FS_IOC32_SETFLAGS` (`chattr +i`, `+a`), `FS_IOC_FSSETXATTR` (the same flags as xflags),
+`FS_IOC_SETVERSION` and `FS_IOC32_SETVERSION` (the inode's generation), btrfs's `BTRFS_IOC_SUBVOL_SETFLAGS`:
 refused in every mode. The kernel reads an ioctl's request as 32 bits, so only those are compared."""
 
 NEW_NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
@@ -169,8 +171,8 @@ def apply_seccomp(own_pid: int, processes_allowed: bool, threads_allowed: bool) 
     `processes_allowed` (namespaces, a pids cgroup and Landlock confine them) keeps only the refusals of every
     mode (`KERNEL_SURFACE`, `FILE_METADATA`, new namespaces, unknown calls): the namespaces already hold sockets,
     processes and signals. Otherwise `own_pid`, the program's pid, is the one signal and limit target allowed,
-    and `threads_allowed` (a pids cgroup caps them) lets `clone` with `CLONE_THREAD` through. Raises OSError if libseccomp or the kernel refuses;
-    the caller must then not run the program.
+    and `threads_allowed` (a pids cgroup caps them) lets `clone` with `CLONE_THREAD` through. Raises OSError if
+    libseccomp or the kernel refuses; the caller must then not run the program.
     """
     import ctypes
 
@@ -215,7 +217,8 @@ def apply_seccomp(own_pid: int, processes_allowed: bool, threads_allowed: bool) 
             for name in SIGNALS_TO_SELF_ONLY:
                 refuse(name, errno.EPERM, (0, _CMP_NE, own_pid, 0))
             refuse("prlimit64", errno.EPERM, (0, _CMP_NE, 0, 0))  # glibc's getrlimit / setrlimit pass pid 0
-            refuse("prctl", errno.EPERM, (0, _CMP_EQ, _PR_SET_PDEATHSIG, 0))
+            # The kernel reads prctl's option as 32 bits: compare those only (0x100000001 is PR_SET_PDEATHSIG too).
+            refuse("prctl", errno.EPERM, (0, _CMP_MASKED_EQ, 0xFFFFFFFF, _PR_SET_PDEATHSIG))
         if processes_allowed or threads_allowed:
             if not processes_allowed:
                 refuse("clone", errno.EPERM, (0, _CMP_MASKED_EQ, _CLONE_THREAD, 0))

@@ -355,7 +355,8 @@ def _completions(answer: Any, request: Dict[str, Any], vocab_size: int, what: st
             raise bad(f"{which}'s log-probs not all numbers: {[v for v in values if type(v) not in (int, float)][:5]}")
         if len(values) != len(token_ids):
             raise bad(f"{which}'s {len(values)} log-probs for {len(token_ids)} tokens (one a token expected)")
-        lp = np.array(values, np.float64)
+        # An integer past a float (`1` and 400 zeros) becomes inf here rather than an OverflowError.
+        lp = np.array([float(v) if type(v) is float or abs(v) < 2**1000 else np.inf for v in values], np.float64)
         wrong = lp[~(np.isfinite(lp) & (lp <= LOGPROB_TOLERANCE))]
         if wrong.size:
             raise bad(f"{which}'s log-probs not finite and <= 0: {wrong[:5].tolist()}")
