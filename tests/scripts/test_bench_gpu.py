@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mathrl_jax.models import attention, hf, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -170,6 +172,7 @@ def base_params(sweep):
     return sweep["variants"]["baseline"]["flops_per_step"] / 6
 
 
+@pytest.mark.slow  # 112 s on a 2-core CPU: the default run keeps the smoke test of every step above
 def test_the_next_gpu_runs_steps_measure_what_they_name(tmp_path):
     """The steps `--only` adds for a profile of the update, the first iteration and TRL (docs/gpu.md, "The next GPU
     run"), in `--only`'s order with the matmul rate first: the update's variants each compiled and timed, the

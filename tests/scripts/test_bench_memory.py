@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -38,6 +40,7 @@ def test_bench_memory_refuses_an_unknown_shape():
     assert result.returncode == 2 and "--shape 'qwen9'" in result.stderr
 
 
+@pytest.mark.slow  # 36 s; the remat policies' memory order is also tested in tests/train/setup/test_micro_batches.py
 def test_a_remat_policy_that_keeps_more_needs_more_with_the_layers_scanned():
     """`--remat-policy` reaches the compiled update: with the layers scanned (where XLA:CPU keeps remat's saving),
     keeping every matmul's output needs more temporaries than keeping only each layer's input."""

@@ -167,7 +167,8 @@ def test_a_lora_run_with_remat_trains_as_without_it(scan_layers, model_dir, tmp_
 def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path):  # noqa: F811
     """Also one saved before `lora` existed (its config.json without the section: it trained every weight): the
     config check names lora.rank, which no `resume_allow_changes` lets change; without a config.json to compare,
-    the checkpoint's kind is named before any restore."""
+    the settings the checkpoint recorded name it (issue 60), before any restore, as they do the keys no resume may
+    change."""
     import json
 
     run_dir = tmp_path / "run"
@@ -181,8 +182,10 @@ def test_a_run_of_every_weight_is_not_resumed_as_a_lora_run(model_dir, tmp_path)
     with pytest.raises(TrainingError, match=r"\['lora.rank', 'lora.targets'\] decide what the checkpoint holds"):
         loop.train(small_config(model_dir, run_dir, num_iterations=4, **allowed))
     (run_dir / "config.json").unlink()
-    with pytest.raises(TrainingError, match="checkpoint 2 trained every weight, this run trains LoRA adapters"):
+    with pytest.raises(TrainingError, match=r"was saved by a run with other settings \(.*lora\.rank: 0 -> 4"):
         loop.train(small_config(model_dir, run_dir, num_iterations=4, **LORA))
+    with pytest.raises(TrainingError, match=r"\['lora.rank', 'lora.targets'\] decide what the checkpoint holds"):
+        loop.train(small_config(model_dir, run_dir, num_iterations=4, **allowed))
 
 
 def test_a_finished_lora_run_without_its_adapters_exports_them_when_rerun(model_dir, tmp_path):  # noqa: F811
