@@ -19,7 +19,6 @@ sequences. Training code uses the pure `(graphdef, state)` split of
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, NamedTuple, Optional, Tuple
 
 import chex
@@ -39,6 +38,7 @@ from mathrl_jax.models.attention import (
     materialize,
     rope_tables,
 )
+from mathrl_jax.models.sizes import size_error
 from mathrl_jax.sharding.rules import constrain_batch, constrain_heads
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -49,45 +49,6 @@ REMAT_POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_
 
 class ConfigError(MathRLError, ValueError):
     """A checkpoint config this implementation cannot represent; names the field."""
-
-
-SIZE_LIMITS = dict(
-    vocab_size=2**24,
-    hidden_size=2**17,
-    intermediate_size=2**20,
-    num_hidden_layers=2**12,
-    num_attention_heads=2**12,
-    num_key_value_heads=2**12,
-    head_dim=2**12,
-    max_position_embeddings=2**31 - 1,
-)
-"""The largest value of each size of a config.json (a few times the largest released models'): a larger one is a
-broken file, refused before anything is allocated for it."""
-
-MAX_PARAMETERS = 2**41
-"""The most parameters a config may describe (2.2 trillion): sizes each in their limit can still multiply past any
-memory."""
-
-
-def check_sizes(config) -> None:
-    """Each size of `config` a whole number in [1, SIZE_LIMITS], and their parameters at most MAX_PARAMETERS; else
-    ConfigError naming the field (`num_hidden_layers: 1e6` in a config.json), before any array exists."""
-    for name, limit in SIZE_LIMITS.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ConfigError(f"{name}={value!r}: expected a whole number")
-        if not 1 <= value <= limit:
-            raise ConfigError(f"{name}={value} is out of range: expected 1 to {limit} (SIZE_LIMITS, models/qwen.py)")
-    c = config
-    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
-    per_layer = attention + 3 * c.hidden_size * c.intermediate_size
-    total = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-    if total > MAX_PARAMETERS:
-        raise ConfigError(
-            f"num_hidden_layers={c.num_hidden_layers}, hidden_size={c.hidden_size}, intermediate_size="
-            f"{c.intermediate_size}, vocab_size={c.vocab_size} make {total:.3g} parameters, over the limit of "
-            f"{MAX_PARAMETERS:.3g} (MAX_PARAMETERS, models/qwen.py)"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +85,9 @@ class QwenConfig:
     lora_targets: Tuple[str, ...] = ()
 
     def __post_init__(self):
-        check_sizes(self)
+        error = size_error(self)
+        if error:
+            raise ConfigError(error)
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")

@@ -31,10 +31,18 @@ import dataclasses
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-import numpy as np
-
-from mathrl_jax.errors import MathRLError
 from mathrl_jax.models.qwen import QwenConfig
+from mathrl_jax.sampling.vllm.answers import (  # noqa: F401 - LOGPROB_TOLERANCE: this module's name of it too
+    LOGPROB_TOLERANCE,
+    ServerError,
+    check_status,
+    completions,
+    field,
+    json_body,
+    response_text,
+    shape,
+    short,
+)
 from mathrl_jax.sampling.vllm.requests import Completion
 from mathrl_jax.sampling.vllm.sampler import ENGINE_DTYPES, EngineSampler
 
@@ -47,10 +55,6 @@ CONCURRENCY = 64  # generation requests in flight at once (the server batches th
 def is_server_url(text: str) -> bool:
     """Whether `text` is a server address this sampler takes: http(s)://host:port, nothing after."""
     return bool(re.match(r"^https?://[^/\s]+/?$", text or ""))
-
-
-class ServerError(MathRLError, RuntimeError):
-    """The vLLM server is unreachable, refuses a request, or was started without what the sampler needs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,21 +95,21 @@ def describe_server(
             try:
                 response = session.get(url + path, timeout=min(timeout_s, QUERY_TIMEOUT_S))
             except requests.RequestException as error:
-                raise ServerError(f"{where} did not answer ({what}): {_short(error)}; {START_IT}") from None
+                raise ServerError(f"{where} did not answer ({what}): {short(error)}; {START_IT}") from None
             if response.status_code == 404:
                 return None
-            _check(response, f"{where} refused {what} ({path})")
-            return _json(response, f"{where} answered {what} ({path})") if path != "/health" else {}
+            check_status(response, f"{where} refused {what} ({path})")
+            return json_body(response, f"{where} answered {what} ({path})") if path != "/health" else {}
 
         get("/health", "its health check")
         if get("/weight_info", "its weight routes") is None:
             raise ServerError(f"{where} has no weight routes: start it with VLLM_SERVER_DEV_MODE=1; {START_IT}")
         models = f"{where} answered its model list (/v1/models)"
-        listed = _field(get("/v1/models", "its model list"), ("data",), list, models)
+        listed = field(get("/v1/models", "its model list"), ("data",), list, models)
         if not listed:
             raise ServerError(f"{models} with no model")
-        served_id = _field(listed[0], ("id",), str, models)
-        served_len = _field(listed[0], ("max_model_len",), int, models)
+        served_id = field(listed[0], ("id",), str, models)
+        served_len = field(listed[0], ("max_model_len",), int, models)
         if max_model_len is not None and served_len < max_model_len:
             raise ServerError(
                 f"{where} serves up to {served_len} tokens a sequence (--max-model-len), the run "
@@ -113,9 +117,9 @@ def describe_server(
             )
         configuration = f"{where} answered its configuration (/server_info)"
         info = get("/server_info?config_format=json", "its configuration")
-        described = _field(info, ("vllm_config",), dict, configuration)
-        model = _field(info, ("vllm_config", "model_config"), dict, configuration)
-        server_dtype = _field(info, ("vllm_config", "model_config", "dtype"), str, configuration).removeprefix("torch.")
+        described = field(info, ("vllm_config",), dict, configuration)
+        model = field(info, ("vllm_config", "model_config"), dict, configuration)
+        server_dtype = field(info, ("vllm_config", "model_config", "dtype"), str, configuration).removeprefix("torch.")
         if server_dtype not in ENGINE_DTYPES:
             raise ServerError(f"{where} runs {server_dtype!r}, expected one of {ENGINE_DTYPES}")
         if dtype not in (None, server_dtype):
@@ -128,24 +132,24 @@ def describe_server(
         transfer_config = described.get("weight_transfer_config") or {}
         backend = transfer_config.get("backend") if isinstance(transfer_config, dict) else None
         if backend is not None and not isinstance(backend, str):
-            raise ServerError(f"{configuration} with a weight-transfer backend of {_shape(backend)}, expected a name")
+            raise ServerError(f"{configuration} with a weight-transfer backend of {shape(backend)}, expected a name")
         if backend is None:
             raise ServerError(
                 f"{where} has no weight-transfer engine: start it with --weight-transfer-config; {START_IT}"
             )
         if transfer not in ("auto", backend):
             raise ServerError(f"vllm transfer={transfer!r}, but {where} was started with the {backend!r} engine")
-        world_size = _field(info, ("vllm_config", "parallel_config", "world_size"), int, configuration)
+        world_size = field(info, ("vllm_config", "parallel_config", "world_size"), int, configuration)
         if world_size < 1:
             raise ServerError(f"{configuration} with world_size {world_size}, expected >= 1")
         body = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
         try:
             response = session.post(url + "/inference/v1/generate", json=body, timeout=timeout_s)
         except requests.RequestException as error:
-            raise ServerError(f"{where} did not answer a 1-token generation: {_short(error)}") from None
+            raise ServerError(f"{where} did not answer a 1-token generation: {short(error)}") from None
         if response.status_code in (403, 404):
             raise ServerError(f"{where} has no /inference/v1/generate: start it with --enable-scale-out; {START_IT}")
-        _check(response, f"{where} refused a 1-token generation")
+        check_status(response, f"{where} refused a 1-token generation")
     return ServerInfo(url, served_id, served_len, server_dtype, world_size, backend)
 
 
@@ -219,9 +223,9 @@ class VllmServerSampler(EngineSampler):
         except requests.Timeout:
             raise ServerError(f"{self.where} did not answer {what} within {timeout:g} s") from None
         except requests.RequestException as error:
-            raise ServerError(f"{self.where} did not answer {what}: {_short(error)}") from None
-        _check(response, f"{self.where} refused {what}")
-        return _json(response, f"{self.where} answered {what}")
+            raise ServerError(f"{self.where} did not answer {what}: {short(error)}") from None
+        check_status(response, f"{self.where} refused {what}")
+        return json_body(response, f"{self.where} answered {what}")
 
     # ------------------------------------------------------------------ weights
 
@@ -261,7 +265,7 @@ class VllmServerSampler(EngineSampler):
                 f"{self.where} did not answer the weight sync of version {version} within {self.timeout_s:g} s"
             ) from None
         except requests.RequestException as error:
-            detail = _response_text(error)
+            detail = response_text(error)
             raise ServerError(f"{self.where}: the weight sync of version {version} failed: {detail}") from None
         except EngineLoadError as error:
             raise ServerError(
@@ -296,7 +300,7 @@ class VllmServerSampler(EngineSampler):
 
     def _engine_version(self) -> str:
         answer = self._request("GET", "/weight_info", "a weight-version query")
-        return _field(answer, ("weight_version",), str, f"{self.where} answered a weight-version query")
+        return field(answer, ("weight_version",), str, f"{self.where} answered a weight-version query")
 
     # ------------------------------------------------------------------ sampling
 
@@ -312,122 +316,8 @@ class VllmServerSampler(EngineSampler):
             body = {"token_ids": prompt_ids[index], "sampling_params": requests_fields[index]}
             what = f"generation request {index}"
             answer = self._request("POST", "/inference/v1/generate", what, body, session)
-            return _completions(answer, requests_fields[index], self.config.vocab_size, f"{self.where} answered {what}")
+            return completions(answer, requests_fields[index], self.config.vocab_size, f"{self.where} answered {what}")
 
         workers = max(1, min(self.concurrency, len(prompt_ids)))
         with session, concurrent.futures.ThreadPoolExecutor(workers) as pool:
             return list(pool.map(one, range(len(prompt_ids))))
-
-
-LOGPROB_TOLERANCE = 1e-4
-"""How far above 0 a sampled token's log-prob may be (the engine's float32 log-softmax rounds); more is a server's
-bug, refused, not trained on."""
-
-
-def _completions(answer: Any, request: Dict[str, Any], vocab_size: int, what: str) -> List[Completion]:
-    """A generate route's answer to one request as its samples, every field checked: `n` choices indexed 0..n-1,
-    token ids (ints in `[0, vocab_size)`, at most `max_tokens`), one finite log-prob <= 0 a token, weight-version
-    stamps. Anything else raises `ServerError` (`what` names the server and the request): a rollout is never built
-    from an answer the sampler cannot vouch for."""
-
-    def bad(why: str):
-        return ServerError(f"{what} with {why}")
-
-    choices = _field(answer, ("choices",), list, what)
-    n = int(request["n"])
-    indices = [c.get("index") if isinstance(c, dict) else None for c in choices]
-    if not all(type(i) is int for i in indices) or sorted(indices) != list(range(n)):
-        raise bad(f"choices indexed {indices[:8]}, expected {n} indexed 0..{n - 1}")
-    out = []
-    for choice in sorted(choices, key=lambda c: c["index"]):
-        which = f"choice {choice['index']}"
-        token_ids = _field(choice, ("token_ids",), list, what)
-        if not all(type(t) is int for t in token_ids):
-            raise bad(f"{which}'s token ids not all integers: {[t for t in token_ids if type(t) is not int][:5]}")
-        outside = [t for t in token_ids if not 0 <= t < vocab_size]
-        if outside:
-            raise bad(f"{which}'s token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
-        if len(token_ids) > int(request["max_tokens"]):
-            raise bad(f"{which} of {len(token_ids)} tokens, more than the {request['max_tokens']} asked for")
-        content = _field(choice.get("logprobs"), ("content",), list, f"{what} ({which})") if token_ids else []
-        values = [step.get("logprob") if isinstance(step, dict) else None for step in content]
-        if not all(type(v) in (int, float) for v in values):
-            raise bad(f"{which}'s log-probs not all numbers: {[v for v in values if type(v) not in (int, float)][:5]}")
-        if len(values) != len(token_ids):
-            raise bad(f"{which}'s {len(values)} log-probs for {len(token_ids)} tokens (one a token expected)")
-        # An integer past a float (`1` and 400 zeros) becomes inf here rather than an OverflowError.
-        lp = np.array([float(v) if type(v) is float or abs(v) < 2**1000 else np.inf for v in values], np.float64)
-        wrong = lp[~(np.isfinite(lp) & (lp <= LOGPROB_TOLERANCE))]
-        if wrong.size:
-            raise bad(f"{which}'s log-probs not finite and <= 0: {wrong[:5].tolist()}")
-        finish_reason = choice.get("finish_reason")
-        stop_reason = choice.get("stop_reason")
-        spans = choice.get("weight_versions") or []
-        if not isinstance(finish_reason, (str, type(None))) or not isinstance(stop_reason, (int, str, type(None))):
-            raise bad(f"{which}'s finish reason {finish_reason!r} / stop reason {stop_reason!r}")
-        stamped = isinstance(spans, list) and all(
-            isinstance(s, dict) and isinstance(s.get("version"), str) for s in spans
-        )
-        if not stamped:
-            raise bad(f"{which}'s weight-version stamps of {_shape(spans)}, expected a list of {{'version': text}}")
-        out.append(
-            Completion(
-                token_ids=list(token_ids),
-                logprobs=lp.astype(np.float32),
-                finish_reason=finish_reason or "abort",
-                stop_reason=stop_reason,
-                versions=[span["version"] for span in spans],
-            )
-        )
-    return out
-
-
-def _json(response, what: str) -> Any:
-    """The response's JSON body; `ServerError` (`what` with the body's start) if it is not JSON (an HTML page: a
-    proxy, another program on the port)."""
-    try:
-        return response.json()
-    except ValueError:
-        text = " ".join(response.text[:200].split())
-        raise ServerError(f"{what} with something other than JSON: {text!r}") from None
-
-
-def _field(answer: Any, keys: Sequence[str], kind: type, what: str) -> Any:
-    """`answer[k0][k1]...`, required to be a `kind` (an int: not a bool); `ServerError` naming the missing or
-    mistyped field otherwise (a server answering `{}`, or another program's JSON)."""
-    value = answer
-    for depth, key in enumerate(keys):
-        if not isinstance(value, dict) or key not in value:
-            where = ".".join(keys[:depth]) or "the answer"
-            raise ServerError(f"{what} without {'.'.join(keys[: depth + 1])!r} ({where} is {_shape(value)})")
-        value = value[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ServerError(f"{what} with {'.'.join(keys)!r} of {_shape(value)}, expected {kind.__name__}")
-    return value
-
-
-def _shape(value: Any) -> str:
-    """A short description of a JSON value, for an error (never the whole of it)."""
-    if isinstance(value, dict):
-        return f"an object with keys {sorted(value)[:6]}" if value else "an empty object"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return f"{type(value).__name__} {str(value)[:40]!r}"
-
-
-def _check(response, what: str) -> None:
-    if response.status_code >= 400:
-        raise ServerError(f"{what}: HTTP {response.status_code}: {' '.join(response.text[:300].split())}")
-
-
-def _response_text(error) -> str:
-    response = getattr(error, "response", None)
-    if response is not None:
-        return f"HTTP {response.status_code}: {response.text[:300]}"
-    return _short(error)
-
-
-def _short(error: BaseException) -> str:
-    """The last line of an exception's text (requests nests the socket error in several layers)."""
-    text = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-    return text[:300]
