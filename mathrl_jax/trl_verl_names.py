@@ -213,9 +213,7 @@ def _boolean_keys() -> frozenset:
     from mathrl_jax.configs import default
     from mathrl_jax.options import options_of
 
-    return frozenset(
-        o.key for o in options_of(default.OPTIONS) if isinstance(o.default, bool) or o.value_type is bool
-    )
+    return frozenset(o.key for o in options_of(default.OPTIONS) if isinstance(o.default, bool) or o.value_type is bool)
 
 
 def _same_value(a: str, b: str) -> bool:

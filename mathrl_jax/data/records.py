@@ -23,7 +23,6 @@ from mathrl_jax.data.layouts import (
 from mathrl_jax.data.readers import DataError, Record
 from mathrl_jax.rewards.extraction import last_boxed
 
-
 MAX_PROMPT_CHARS = 4 * 2**20
 """The longest prompt (question, or chat messages' contents together) read as a problem: 4 Mi characters, a
 million tokens and more, over any model's context. A longer one is refused where it is read, before a tokenizer

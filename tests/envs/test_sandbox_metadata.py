@@ -28,9 +28,9 @@ import uuid
 
 import pytest
 
+from mathrl_jax.data.sources import Problem
 from mathrl_jax.envs import MathEnv, PythonToolEnv
 from mathrl_jax.envs.sandbox import SandboxLimits, cleanup, detect_isolation, pids_cgroup_parent, privileges
-from mathrl_jax.data.sources import Problem
 from tests.envs.sandbox_modes import AVAILABLE, CONTAINED_MODES, NO_NAMESPACES, run_python
 from tests.envs.test_sandbox_escapes import HOOK_OFF
 
@@ -135,7 +135,8 @@ world-writable one, `D` their directory, `C` a file of a cgroup directory, `MOUN
 METADATA = {
     "chmod_setuid", "chmod_directory", "fchmod", "fchmodat2", "chown", "lchown_directory", "utime",
     "setxattr_user", "removexattr", "file_capability", "setxattrat", "chattr_immutable", "chattr_high_bits",
-    "file_setattr", "remount_then_chmod", "mount_setattr_then_chmod", "world_writable_times", "cgroup_chmod", "dev_null_times",
+    "file_setattr", "remount_then_chmod", "mount_setattr_then_chmod", "world_writable_times", "cgroup_chmod",
+    "dev_null_times",
 }  # fmt: skip
 NAMESPACES = {"user_namespace", "user_namespace_by_clone"}
 
@@ -342,20 +343,45 @@ def test_a_cleanup_that_fails_is_reported_not_ok(monkeypatch):
     assert result.status == "sandbox_error" and f"{left[0]} could not be removed: 1 entries left" in result.stderr
 
 
-def test_the_seccomp_filter_refuses_every_call_libseccomp_cannot_name():
-    """A deny-list by name lets through what the library does not know: numbers it cannot name are refused.
-    Those include the metadata calls newer than it (`setxattrat` 463, `file_setattr` 469 on x86_64) where it
-    is older than Linux 6.13."""
+SETXATTRAT = """
+import ctypes, errno, os, sys
+sys.path.insert(0, {sandbox_dir!r})
+import seccomp
+
+if sys.argv[1] == "filtered":
+    seccomp.apply_seccomp(os.getpid(), processes_allowed=True, threads_allowed=True)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+class XattrArgs(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_uint64), ("size", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+value = ctypes.create_string_buffer(b"x", 1)
+args = XattrArgs(ctypes.addressof(value), 1, 0)
+size = ctypes.c_size_t(16)
+result = libc.syscall(463, ctypes.c_long(-100), {path!r}.encode(), 0, b"user.mathrl", ctypes.byref(args), size)
+print(result, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno()) if result else "-")
+"""
+
+
+def test_a_call_newer_than_libseccomp_is_refused_not_let_through(tmp_path):
+    """A deny-list by name lets through what the library does not know: `setxattrat` (463, Linux 6.13) is a
+    metadata call libseccomp 2.5.4 cannot name. Unfiltered, it sets an attribute here; under the filter it is
+    answered ENOSYS and the file keeps no attribute."""
     from mathrl_jax.envs.sandbox import seccomp
 
-    if not detect_isolation().seccomp:
-        pytest.skip("no libseccomp here")
-    unknown = seccomp.unknown_syscalls()
-    lib = seccomp.load_library()
-    named = [n for n in range(seccomp.HIGHEST_SYSCALL + 1) if n not in unknown]
-    assert named and max(named) < seccomp.HIGHEST_SYSCALL - 256  # a margin for kernels newer than the library
-    for number in unknown[:50]:
-        assert not lib.seccomp_syscall_resolve_num_arch(0, number)
+    if not detect_isolation().seccomp or 463 not in seccomp.unknown_syscalls():
+        pytest.skip("no libseccomp here, or one that names setxattrat (refused by name, FILE_METADATA)")
+    target = tmp_path / "file"
+    target.write_text("data")
+    script = SETXATTRAT.format(sandbox_dir=os.path.dirname(seccomp.__file__), path=str(target))
+    unfiltered = subprocess.run([sys.executable, "-c", script, "unfiltered"], capture_output=True, text=True)
+    if unfiltered.stdout.split() != ["0", "-"]:
+        pytest.skip(f"this kernel has no setxattrat: {unfiltered.stdout.strip()} {unfiltered.stderr[-200:]}")
+    os.removexattr(target, "user.mathrl")
+    filtered = subprocess.run([sys.executable, "-c", script, "filtered"], capture_output=True, text=True)
+    assert filtered.stdout.split() == ["-1", "ENOSYS"], (filtered.stdout, filtered.stderr[-500:])
+    assert os.listxattr(target) == []
 
 
 @pytest.mark.skipif(_NS is not None, reason=_NS or "")

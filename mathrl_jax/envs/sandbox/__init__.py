@@ -15,11 +15,11 @@ Layers, each used where the machine offers it (`detect_isolation`):
   kept; more ends the run ("output_limit").
 - namespaces (`unshare`): fresh pid, net, mount, ipc, uts and cgroup namespaces (and a
   user namespace whose root is the caller, where the caller is not root). No network but a
-  down loopback; `/proc` shows only the sandbox's processes; everything dies with the namespace's first process; the file system is
-  a private root (`pivot_root`) holding only the readable roots (bind mounts) and a
-  tmpfs working directory of `disk_bytes`: no host path outside them exists in there,
-  so no host pathname UNIX socket can be named (Landlock does not govern `connect`
-  on those, nor does the network namespace).
+  down loopback; `/proc` shows only the sandbox's processes; everything dies with the
+  namespace's first process; the file system is a private root (`pivot_root`) holding
+  only the readable roots (bind mounts) and a tmpfs working directory of `disk_bytes`: no
+  host path outside them exists in there, so no host pathname UNIX socket can be named
+  (Landlock does not govern `connect` on those, nor does the network namespace).
 - pids cgroup (a writable v1 or v2 pids controller): at most `max_processes`
   processes and threads.
 - memory cgroup (a writable v1 or v2 memory controller): `memory_bytes` for the whole

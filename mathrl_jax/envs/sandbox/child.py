@@ -351,8 +351,12 @@ def _probe_private_root(base: str, read_roots: list[str]) -> None:
     os.umask(0o022)
     try:
         private_root.enter_private_root(
-            {"workdir": os.path.join(base, "work"), "read_roots": read_roots, "disk_bytes": 1 << 20,
-             "read_only_roots": True},
+            {
+                "workdir": os.path.join(base, "work"),
+                "read_roots": read_roots,
+                "disk_bytes": 1 << 20,
+                "read_only_roots": True,
+            },
             audit.DEVICES,
             audit.DEVICE_LINKS,
         )

@@ -9,7 +9,6 @@ from typing import Callable, Dict, List, Tuple
 from mathrl_jax.errors import TrainingError
 from mathrl_jax.sharding import distributed
 
-
 NOTHING_TRAINED_PATIENCE = 3
 """Iterations in a row that train nothing (every update step skipped as non-finite; or, with reward functions alone,
 no response scored) after which a run stops (`TrainingWatch`)."""

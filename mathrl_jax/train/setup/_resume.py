@@ -11,7 +11,7 @@ from mathrl_jax import options
 from mathrl_jax.configs import default
 from mathrl_jax.errors import fail
 from mathrl_jax.train import run_directory
-from mathrl_jax.train.checkpoint import CheckpointError, Checkpointer
+from mathrl_jax.train.checkpoint import Checkpointer, CheckpointError
 from mathrl_jax.train.setup._validation import flat_items
 
 
@@ -75,7 +75,7 @@ def recorded_settings(config) -> Dict[str, Any]:
 
 
 def _changes(saved: Dict[str, Any], current: Dict[str, Any], allowed: Tuple[str, ...]) -> List[str]:
-    """"key: saved -> current" for each key of both that differs and may not change."""
+    """ "key: saved -> current" for each key of both that differs and may not change."""
     return [
         f"{key}: {saved[key]!r} -> {value!r}"
         for key, value in current.items()

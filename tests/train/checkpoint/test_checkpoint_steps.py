@@ -8,7 +8,7 @@ import os
 import jax.numpy as jnp
 import pytest
 
-from mathrl_jax.train.checkpoint import CheckpointError, Checkpointer, MisnamedCheckpointError
+from mathrl_jax.train.checkpoint import Checkpointer, CheckpointError, MisnamedCheckpointError
 from tests.train.checkpoint.test_checkpoint_integrity import make_state, save_steps
 
 LOGGER = "mathrl_jax.train.checkpoint._checkpointer"
